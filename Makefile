@@ -1,0 +1,37 @@
+# Set-up and checks. `make run` and `make test` work on a fresh clone with Python 3.11+.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+LLOGOS := $(VENV)/bin/llogos
+MODEL  ?= smollm2-135m
+PROMPT ?= The capital of France is
+
+.PHONY: run test venv models cuda-check bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+models: venv
+	$(LLOGOS) pull smollm2-135m
+	$(LLOGOS) pull gemma3-270m
+
+run: venv
+	$(LLOGOS) pull $(MODEL)
+	$(LLOGOS) generate -m $(MODEL) -p "$(PROMPT)" -n 32 --temp 0 --stats
+
+test: models cuda-check
+	$(PY) -m pytest -q
+
+cuda-check: venv
+	$(PY) -m pytest -q tests/test_cuda_compile.py tests/test_cuda_emulated.py
+
+bench: venv
+	$(PY) bench/bench_cpu.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,3 @@
+from llogos_cli.cli import main
+
+main()

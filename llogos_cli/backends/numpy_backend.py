@@ -1,0 +1,144 @@
+"""The reference backend: float32 NumPy on the CPU.
+
+Matrices used in products are expanded once to float32 so every product is one BLAS call;
+decode is then bounded by streaming those float32 weights from memory (see docs/PERF.md).
+Embedding tables stay quantized in the memory map and are dequantized a row at a time.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from llogos_cli import quants
+
+# Attention scores are computed for this many query rows at a time, bounding their memory.
+_QUERY_CHUNK = 256
+
+
+@dataclass(slots=True)
+class Matrix:
+    raw: np.ndarray                 # stored bytes (rows, bytes per row), memory-mapped
+    qtype: GGMLQuantizationType
+    dense: np.ndarray | None        # float32 (rows, cols) when used in products
+
+    @property
+    def nbytes(self) -> int:
+        return self.dense.nbytes if self.dense is not None else self.raw.nbytes
+
+
+@dataclass(slots=True)
+class KVCache:
+    k: np.ndarray  # (n_kv_heads, n_ctx, head_dim_k)
+    v: np.ndarray  # (n_kv_heads, n_ctx, head_dim_v)
+
+
+class NumpyBackend:
+    name = "cpu"
+
+    # ---------------------------------------------------------------- loading
+    def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+        return quants.dequantize(raw.reshape(1, -1), qtype).reshape(-1)
+
+    def matrix(self, raw: np.ndarray, qtype: GGMLQuantizationType, matmul: bool) -> Matrix:
+        quants.check_supported(qtype, "matrix")
+        return Matrix(raw, qtype, quants.dequantize(raw, qtype) if matmul else None)
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def synchronize(self) -> None:
+        pass
+
+    # ---------------------------------------------------------------- ops
+    def embed(self, table: Matrix, ids: np.ndarray) -> np.ndarray:
+        if table.dense is not None:
+            return table.dense[ids]
+        return quants.dequantize(table.raw[ids], table.qtype)
+
+    def matmul(self, x: np.ndarray, w: Matrix) -> np.ndarray:
+        return x @ w.dense.T
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b
+
+    def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a * b
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return x * np.float32(s)
+
+    def sigmoid(self, x: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-x))
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+        return (x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)) * w
+
+    def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
+        ss = np.sum(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+        return x * (1.0 / np.sqrt(np.maximum(ss, eps * eps))).astype(np.float32)
+
+    def rope(self, x: np.ndarray, pos: np.ndarray, dims: int, base: float, freq_scale: float,
+             neox: bool) -> np.ndarray:
+        """Rotate the first `dims` features of each head of x (T, H, D) by position."""
+        inv_freq = freq_scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+        angle = pos.astype(np.float64)[:, None] * inv_freq[None, :]       # (T, dims/2)
+        cos = np.cos(angle).astype(np.float32)[:, None, :]
+        sin = np.sin(angle).astype(np.float32)[:, None, :]
+        out = x.copy()
+        if neox:   # pairs (i, i + dims/2)
+            a, b = x[..., :dims // 2], x[..., dims // 2:dims]
+            out[..., :dims // 2] = a * cos - b * sin
+            out[..., dims // 2:dims] = a * sin + b * cos
+        else:      # pairs (2i, 2i + 1)
+            a, b = x[..., 0:dims:2], x[..., 1:dims:2]
+            out[..., 0:dims:2] = a * cos - b * sin
+            out[..., 1:dims:2] = a * sin + b * cos
+        return out
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
+        if gelu:  # tanh approximation, as Gemma and llama.cpp use
+            g = 0.5 * gate * (1.0 + np.tanh(np.float32(0.7978845608028654) * (gate + np.float32(0.044715) * gate ** 3)))
+        else:
+            g = gate / (1.0 + np.exp(-gate))
+        return g * up
+
+    # ---------------------------------------------------------------- attention
+    def kv_cache(self, n_ctx: int, n_kv: int, dk: int, dv: int) -> KVCache:
+        # np.zeros maps pages lazily, so a long context costs memory only as it fills.
+        return KVCache(np.zeros((n_kv, n_ctx, dk), np.float32), np.zeros((n_kv, n_ctx, dv), np.float32))
+
+    def kv_store(self, cache: KVCache, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
+        n = k.shape[0]
+        cache.k[:, pos0:pos0 + n] = k.transpose(1, 0, 2)
+        cache.v[:, pos0:pos0 + n] = v.transpose(1, 0, 2)
+
+    def attention(self, q: np.ndarray, cache: KVCache, pos0: int, scale: float, window: int) -> np.ndarray:
+        """Causal attention of q (T, H, dk) at positions pos0.. over the cache; -> (T, H, dv)."""
+        T, H, dk = q.shape
+        n_kv = cache.k.shape[0]
+        group = H // n_kv
+        n = pos0 + T
+        keys, values = cache.k[:, :n], cache.v[:, :n]
+        out = np.empty((T, H, cache.v.shape[2]), np.float32)
+        for t0 in range(0, T, _QUERY_CHUNK):
+            t1 = min(T, t0 + _QUERY_CHUNK)
+            qc = q[t0:t1].reshape(t1 - t0, n_kv, group, dk).transpose(1, 2, 0, 3)   # (kv, g, t, dk)
+            scores = (qc.reshape(n_kv, group * (t1 - t0), dk) @ keys.transpose(0, 2, 1)) * np.float32(scale)
+            qpos = np.arange(pos0 + t0, pos0 + t1)[:, None]
+            kpos = np.arange(n)[None, :]
+            masked = kpos > qpos
+            if window:
+                masked |= qpos - kpos >= window
+            scores = scores.reshape(n_kv, group, t1 - t0, n)
+            scores[:, :, masked] = -np.inf
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            scores /= scores.sum(axis=-1, keepdims=True)
+            o = scores.reshape(n_kv, group * (t1 - t0), n) @ values                   # (kv, g*t, dv)
+            out[t0:t1] = o.reshape(n_kv, group, t1 - t0, -1).transpose(2, 0, 1, 3).reshape(t1 - t0, H, -1)
+        return out
+
+    # ---------------------------------------------------------------- sampling
+    def argmax(self, row: np.ndarray) -> int:
+        return int(np.argmax(row))

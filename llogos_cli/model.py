@@ -1,0 +1,109 @@
+"""The transformer forward pass, written once for every supported family.
+
+Family differences are flags in ModelConfig; tensors are looked up by their GGUF names.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from llogos_cli.config import ModelConfig
+from llogos_cli.errors import LlogosError
+from llogos_cli.gguf_file import GGUFFile
+
+
+class Model:
+    def __init__(self, f: GGUFFile, backend):
+        self.cfg = ModelConfig.from_gguf(f)
+        self.b = backend
+        self.w = {}
+        for name, info in f.tensors.items():
+            raw = f.raw(name)
+            if len(info.shape) == 1:
+                self.w[name] = backend.vector(raw, info.ggml_type)
+            else:
+                in_products = name != "token_embd.weight" or self.cfg.output == name
+                self.w[name] = backend.matrix(raw, info.ggml_type, matmul=in_products)
+        self.weight_bytes = sum(getattr(w, "nbytes", 0) for w in self.w.values())
+
+    def new_context(self, n_ctx: int) -> "Context":
+        c = self.cfg
+        kv = [None if c.recurrent[il] else self.b.kv_cache(n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v)
+              for il in range(c.n_layer)]
+        state = [None] * c.n_layer
+        return Context(n_ctx, kv, state)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, ctx: "Context", tokens: np.ndarray, all_logits: bool = False):
+        """Run `tokens` at positions ctx.n_past...; return logits for the last (or every) token."""
+        c, b, w = self.cfg, self.b, self.w
+        T = len(tokens)
+        if ctx.n_past + T > ctx.n_ctx:
+            raise LlogosError(f"context is full: {ctx.n_past} + {T} tokens exceed --ctx-size {ctx.n_ctx}")
+        pos = np.arange(ctx.n_past, ctx.n_past + T, dtype=np.int32)
+
+        x = b.embed(w["token_embd.weight"], tokens)                     # (T, n_embd)
+        if c.embed_scale != 1.0:
+            x = b.scale(x, c.embed_scale)
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps)      # (T, n_embd)
+            h = self._attention(il, p, h, pos, ctx)                     # (T, n_embd)
+            if c.post_norms:
+                h = b.rmsnorm(h, w[p + "post_attention_norm.weight"], c.norm_eps)
+            x = b.add(x, h)
+            h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps)  # (T, n_embd)
+            h = self._ffn(p, h)                                         # (T, n_embd)
+            if c.post_norms:
+                h = b.rmsnorm(h, w[p + "post_ffw_norm.weight"], c.norm_eps)
+            x = b.add(x, h)
+        ctx.n_past += T
+
+        if not all_logits:
+            x = x[-1:]                                                  # (1, n_embd)
+        x = b.rmsnorm(x, w["output_norm.weight"], c.norm_eps)
+        return b.matmul(x, w[c.output])                                 # (T or 1, n_vocab)
+
+    def _attention(self, il: int, p: str, x, pos: np.ndarray, ctx: "Context"):
+        c, b, w = self.cfg, self.b, self.w
+        T = x.shape[0]
+        q = self._linear(p + "attn_q", x)                  # (T, n_head * dk), doubled when gated
+        k = self._linear(p + "attn_k", x)                  # (T, n_head_kv * dk)
+        v = self._linear(p + "attn_v", x)                  # (T, n_head_kv * dv)
+        if c.attn_gate:   # each head's query is followed by its output gate
+            qg = q.reshape(T, c.n_head, 2 * c.head_dim_k)
+            q, gate = qg[..., :c.head_dim_k], qg[..., c.head_dim_k:]
+        q = q.reshape(T, c.n_head, c.head_dim_k)           # (T, n_head, dk)
+        k = k.reshape(T, c.n_head_kv, c.head_dim_k)        # (T, n_head_kv, dk)
+        v = v.reshape(T, c.n_head_kv, c.head_dim_v)        # (T, n_head_kv, dv)
+        if p + "attn_q_norm.weight" in w:
+            q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)
+            k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)
+        q = b.rope(q, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox)
+        k = b.rope(k, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox)
+        b.kv_store(ctx.kv[il], k, v, ctx.n_past)
+        o = b.attention(q, ctx.kv[il], ctx.n_past, c.attn_scale, c.window[il])  # (T, n_head, dv)
+        if c.attn_gate:
+            o = b.mul(o, b.sigmoid(gate))
+        return b.matmul(o.reshape(T, c.n_head * c.head_dim_v), w[p + "attn_output.weight"])
+
+    def _ffn(self, p: str, x):
+        b, w = self.b, self.w
+        gate = b.matmul(x, w[p + "ffn_gate.weight"])       # (T, n_ff)
+        up = b.matmul(x, w[p + "ffn_up.weight"])           # (T, n_ff)
+        return b.matmul(b.glu(gate, up, self.cfg.gelu_ffn), w[p + "ffn_down.weight"])  # (T, n_embd)
+
+    def _linear(self, name: str, x):
+        y = self.b.matmul(x, self.w[name + ".weight"])
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else self.b.add(y, bias)
+
+
+@dataclass(slots=True)
+class Context:
+    """Per-sequence state: the KV cache of attention layers and the recurrent state of the rest."""
+    n_ctx: int
+    kv: list
+    state: list
+    n_past: int = 0
+
