@@ -31,6 +31,24 @@ class Matrix:
 class KVCache:
     k: np.ndarray  # (n_kv_heads, n_ctx, head_dim_k)
     v: np.ndarray  # (n_kv_heads, n_ctx, head_dim_v)
+    type_k: str
+    type_v: str
+
+
+CACHE_TYPES = ("f32", "f16", "q8_0")
+# q8_0 entries are held as float32 after a quantize/dequantize round trip: the same values a
+# q8_0 cache on the GPU yields, without a packed layout that NumPy could not use directly.
+_CACHE_DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.float32}
+
+
+def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
+    if cache_type != "q8_0":
+        return x
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    scaled = blocks * np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, 1, d))
+    q = np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))  # round half away from zero
+    return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
 
 
 class NumpyBackend:
@@ -105,14 +123,15 @@ class NumpyBackend:
         return g * up
 
     # ---------------------------------------------------------------- attention
-    def kv_cache(self, n_ctx: int, n_kv: int, dk: int, dv: int) -> KVCache:
+    def kv_cache(self, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str = "f32", type_v: str = "f32") -> KVCache:
         # np.zeros maps pages lazily, so a long context costs memory only as it fills.
-        return KVCache(np.zeros((n_kv, n_ctx, dk), np.float32), np.zeros((n_kv, n_ctx, dv), np.float32))
+        return KVCache(np.zeros((n_kv, n_ctx, dk), _CACHE_DTYPE[type_k]), np.zeros((n_kv, n_ctx, dv), _CACHE_DTYPE[type_v]),
+                       type_k, type_v)
 
     def kv_store(self, cache: KVCache, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
         n = k.shape[0]
-        cache.k[:, pos0:pos0 + n] = k.transpose(1, 0, 2)
-        cache.v[:, pos0:pos0 + n] = v.transpose(1, 0, 2)
+        cache.k[:, pos0:pos0 + n] = _cache_round(k, cache.type_k).transpose(1, 0, 2)
+        cache.v[:, pos0:pos0 + n] = _cache_round(v, cache.type_v).transpose(1, 0, 2)
 
     def attention(self, q: np.ndarray, cache: KVCache, pos0: int, scale: float, window: int) -> np.ndarray:
         """Causal attention of q (T, H, dk) at positions pos0.. over the cache; -> (T, H, dv)."""
@@ -120,7 +139,7 @@ class NumpyBackend:
         n_kv = cache.k.shape[0]
         group = H // n_kv
         n = pos0 + T
-        keys, values = cache.k[:, :n], cache.v[:, :n]
+        keys, values = cache.k[:, :n].astype(np.float32, copy=False), cache.v[:, :n].astype(np.float32, copy=False)
         out = np.empty((T, H, cache.v.shape[2]), np.float32)
         for t0 in range(0, T, _QUERY_CHUNK):
             t1 = min(T, t0 + _QUERY_CHUNK)
