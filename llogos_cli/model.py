@@ -24,11 +24,13 @@ class Model:
             else:
                 in_products = name != "token_embd.weight" or self.cfg.output == name
                 self.w[name] = backend.matrix(raw, info.ggml_type, matmul=in_products)
-        self.weight_bytes = sum(getattr(w, "nbytes", 0) for w in self.w.values())
+        # What one decode step streams from memory: the basis of the bandwidth figure.
+        self.weight_bytes = sum(w.nbytes for w in self.w.values())
 
-    def new_context(self, n_ctx: int) -> "Context":
+    def new_context(self, n_ctx: int, type_k: str = "f32", type_v: str = "f32") -> "Context":
         c = self.cfg
-        kv = [None if c.recurrent[il] else self.b.kv_cache(n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v)
+        kv = [None if c.recurrent[il] else
+              self.b.kv_cache(n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
               for il in range(c.n_layer)]
         state = [None] * c.n_layer
         return Context(n_ctx, kv, state)
@@ -106,4 +108,11 @@ class Context:
     kv: list
     state: list
     n_past: int = 0
+
+    def rewind(self, n: int) -> bool:
+        """Forget positions n and later. Recurrent state cannot be rewound, only rebuilt."""
+        if n != self.n_past and any(s is not None for s in self.state):
+            return False
+        self.n_past = min(self.n_past, n)
+        return True
 

@@ -24,7 +24,8 @@ class Matrix:
 
     @property
     def nbytes(self) -> int:
-        return self.dense.nbytes if self.dense is not None else self.raw.nbytes
+        """Bytes a product with this matrix reads (a lookup-only table reads a row per token)."""
+        return self.dense.nbytes if self.dense is not None else 0
 
 
 @dataclass(slots=True)
@@ -53,6 +54,10 @@ def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
 
 class NumpyBackend:
     name = "cpu"
+
+    def __init__(self):
+        self._rope_key = None
+        self._rope_cos_sin = None
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -90,30 +95,39 @@ class NumpyBackend:
         return 1.0 / (1.0 + np.exp(-x))
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-        ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
-        return (x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)) * w
+        ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
+        return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * w
 
     def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
-        ss = np.sum(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
-        return x * (1.0 / np.sqrt(np.maximum(ss, eps * eps))).astype(np.float32)
+        ss = np.einsum("...i,...i->...", x, x)[..., None]
+        return x * (np.float32(1.0) / np.sqrt(np.maximum(ss, np.float32(eps * eps))))
 
     def rope(self, x: np.ndarray, pos: np.ndarray, dims: int, base: float, freq_scale: float,
              neox: bool) -> np.ndarray:
         """Rotate the first `dims` features of each head of x (T, H, D) by position."""
-        inv_freq = freq_scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
-        angle = pos.astype(np.float64)[:, None] * inv_freq[None, :]       # (T, dims/2)
-        cos = np.cos(angle).astype(np.float32)[:, None, :]
-        sin = np.sin(angle).astype(np.float32)[:, None, :]
+        cos, sin = self._rope_table(pos, dims, base, freq_scale)       # (T, 1, dims/2)
         out = x.copy()
+        half = dims // 2
         if neox:   # pairs (i, i + dims/2)
-            a, b = x[..., :dims // 2], x[..., dims // 2:dims]
-            out[..., :dims // 2] = a * cos - b * sin
-            out[..., dims // 2:dims] = a * sin + b * cos
+            a, b = x[..., :half], x[..., half:dims]
+            out[..., :half] = a * cos - b * sin
+            out[..., half:dims] = a * sin + b * cos
         else:      # pairs (2i, 2i + 1)
             a, b = x[..., 0:dims:2], x[..., 1:dims:2]
             out[..., 0:dims:2] = a * cos - b * sin
             out[..., 1:dims:2] = a * sin + b * cos
         return out
+
+    def _rope_table(self, pos: np.ndarray, dims: int, base: float, freq_scale: float):
+        # Every layer of a forward pass rotates at the same positions: compute the table once.
+        key = (pos.tobytes(), dims, base, freq_scale)
+        if self._rope_key != key:
+            inv_freq = freq_scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+            angle = pos.astype(np.float64)[:, None] * inv_freq[None, :]
+            self._rope_key = key
+            self._rope_cos_sin = (np.cos(angle).astype(np.float32)[:, None, :],
+                                  np.sin(angle).astype(np.float32)[:, None, :])
+        return self._rope_cos_sin
 
     def glu(self, gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
         if gelu:  # tanh approximation, as Gemma and llama.cpp use

@@ -1,0 +1,113 @@
+"""The `llogos` command: Click parses, builds the objects, and hands over to the engine.
+
+Generated text goes to stdout; progress, timings and errors go to stderr.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from llogos_cli import __version__
+from llogos_cli.cli_options import (cache_types, model_options, parse_token_list, read_prompt,
+                                    sampling_options, sampling_params)
+from llogos_cli.console import err, error
+from llogos_cli.engine import Generation, Session, StopCriteria
+from llogos_cli.errors import LlogosError
+from llogos_cli.loader import load
+from llogos_cli.report import print_stats
+from llogos_cli.sampling import Sampler
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="llogos")
+def cli():
+    """Run GGUF language models: NumPy on the CPU, hand-written CUDA kernels on the GPU."""
+
+
+@cli.command()
+@model_options
+@click.option("-p", "--prompt", help="Prompt text; '-' reads stdin (as does piping with no -p/-f).")
+@click.option("-f", "--file", type=click.Path(path_type=Path, dir_okay=False), help="Read the prompt from a file.")
+@click.option("--tokens", help="The prompt as exact comma-separated token ids, e.g. 504,3575,282.")
+@click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="Tokens to generate; -1 = until end of generation or a full context.")
+@sampling_options
+@click.option("--stop", multiple=True, help="Stop when this text is generated (not printed). Repeatable.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
+@click.option("--echo", is_flag=True, help="Print the prompt before the generated text.")
+@click.option("--special", is_flag=True, help="Print control tokens' text instead of hiding it.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per token on stdout, then a summary.")
+@click.option("--logprobs", type=click.IntRange(min=0), default=0,
+              help="With --json: the top N log-probabilities of each step, before sampling.")
+@click.option("--stats", is_flag=True, help="Print llama.cpp-style timings to stderr.")
+def generate(**o):
+    """Continue a prompt and stream the continuation to stdout."""
+    if o["tokens"] is not None and (o["prompt"] is not None or o["file"] is not None):
+        raise LlogosError("--tokens replaces -p/-f; give only one of them")
+    text = None if o["tokens"] is not None else read_prompt(o["prompt"], o["file"])
+    if text is None and o["tokens"] is None:
+        raise LlogosError("no prompt: give -p TEXT, -f FILE or --tokens IDS, or pipe text on stdin")
+    m = load(o["model_name"], o["backend"])
+    tok = m.tokenizer
+    ids = parse_token_list(o["tokens"]) if o["tokens"] is not None else tok.encode(text)
+    bad = [i for i in ids if not 0 <= i < tok.n_vocab]
+    if bad:
+        raise LlogosError(f"token id {bad[0]} is out of range (the vocabulary has {tok.n_vocab} tokens)")
+    if not ids:
+        raise LlogosError("the prompt is empty after tokenization")
+    n_ctx = m.n_ctx(o["ctx_size"])
+    params = sampling_params(o, m.entry.sampling if m.entry else {})
+    session = Session(m.model, n_ctx, cache_types(o, m.model.b.name))
+    gen = Generation(session, tok, ids, Sampler(params, n_ctx),
+                     StopCriteria(o["n_predict"], tuple(o["stop"]), o["ignore_eos"]),
+                     n_logprobs=o["logprobs"], special=o["special"])
+    session.check_fits(ids)
+    out = sys.stdout
+    if o["echo"] and not o["as_json"]:
+        out.write(text if text is not None else tok.decode(ids, special=o["special"]))
+        out.flush()
+    for t in gen:
+        if o["as_json"]:
+            record = {"id": t.id, "text": t.text}
+            if t.logprobs is not None:
+                record["logprobs"] = [[i, lp] for i, lp in t.logprobs]
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        else:
+            out.write(t.text)
+        out.flush()
+    if o["as_json"]:
+        done = {"done": True, "stop": gen.stop, "timings": gen.timings.as_dict()}
+        if gen.tail:
+            done["text"] = gen.tail
+        out.write(json.dumps(done, ensure_ascii=False) + "\n")
+    else:
+        out.write(gen.tail)
+        if gen.stop == "limit" and session.n_ctx <= len(session.tokens):
+            err.print(f"\n[dim]stopped: the context of {session.n_ctx} tokens is full[/dim]")
+    out.flush()
+    if o["stats"]:
+        print_stats(m, gen.timings, session)
+
+
+def main() -> None:
+    from llogos_cli import cli_tools  # noqa: F401  (registers the remaining commands)
+    try:
+        code = cli.main(standalone_mode=False, prog_name="llogos")
+    except click.ClickException as e:  # usage errors exit 2, as Click does
+        error(e.format_message())
+        code = e.exit_code
+    except click.Abort:
+        code = 130
+    except LlogosError as e:
+        error(str(e))
+        code = 1
+    except KeyboardInterrupt:
+        err.print("\n[dim]interrupted[/dim]")
+        code = 130
+    except BrokenPipeError:
+        # The reader of stdout went away (e.g. `| head`): stop quietly, like other Unix tools.
+        sys.stdout = None
+        code = 0
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,101 @@
+"""Command-line options shared by `generate` and `chat`, and the objects built from them."""
+
+import sys
+from pathlib import Path
+
+import click
+
+from llogos_cli.backends import BACKENDS
+from llogos_cli.backends.numpy_backend import CACHE_TYPES
+from llogos_cli.errors import LlogosError
+from llogos_cli.sampling import SamplingParams
+
+# Sampling flags, each with llama.cpp's name and meaning. Defaults live in SamplingParams so a
+# model's [models.X.sampling] table in models.toml can sit between them and the command line.
+_SAMPLING = [
+    click.option("--temp", type=float, help="Temperature; 0 samples greedily. [default: 0.8]"),
+    click.option("--top-k", type=int, help="Keep the K most likely tokens; 0 keeps all. [default: 40]"),
+    click.option("--top-p", type=float, help="Keep the smallest set with this total probability. [default: 0.95]"),
+    click.option("--min-p", type=float, help="Drop tokens below this fraction of the best one's probability. [default: 0.05]"),
+    click.option("--repeat-penalty", type=float, help="Penalise recently seen tokens; 1 disables. [default: 1.0]"),
+    click.option("--repeat-last-n", type=int, help="How many recent tokens the penalties look at; -1 = context. [default: 64]"),
+    click.option("--presence-penalty", type=float, help="Subtract this from seen tokens' logits. [default: 0]"),
+    click.option("--frequency-penalty", type=float, help="Subtract this times each token's count. [default: 0]"),
+    click.option("--seed", type=int, help="Random seed; the same seed gives the same output. [default: random]"),
+]
+
+_MODEL = [
+    click.option("-m", "--model", "model_name", metavar="NAME|PATH",
+                 help="A name from models.toml or a path to a .gguf file. [default: models.toml's default]"),
+    click.option("-c", "--ctx-size", type=int, help="Context size in tokens; 0 = the model's trained context. "
+                 "[default: trained context, at most 4096]"),
+    click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+                 help="Where to run: cpu (NumPy), cuda (CuPy), auto (cuda when a GPU is visible)."),
+    click.option("--cache-type-k", type=click.Choice(CACHE_TYPES), help="KV cache type for keys. "
+                 "[default: f32 on cpu, f16 on cuda]"),
+    click.option("--cache-type-v", type=click.Choice(CACHE_TYPES), help="KV cache type for values. "
+                 "[default: f32 on cpu, f16 on cuda]"),
+]
+
+
+def _apply(options):
+    def decorate(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return decorate
+
+
+sampling_options = _apply(_SAMPLING)
+model_options = _apply(_MODEL)
+
+
+def sampling_params(opts: dict, model_defaults: dict) -> SamplingParams:
+    values = {}
+    for name in SamplingParams.__slots__:
+        if opts.get(name) is not None:
+            values[name] = opts[name]
+        elif name in model_defaults:
+            values[name] = model_defaults[name]
+    try:
+        return SamplingParams(**values)
+    except TypeError as e:
+        raise LlogosError(f"bad sampling default in models.toml: {e}") from None
+
+
+def cache_types(opts: dict, backend_name: str) -> tuple[str, str]:
+    default = "f32" if backend_name == "cpu" else "f16"
+    return opts.get("cache_type_k") or default, opts.get("cache_type_v") or default
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str | None:
+    """The prompt from -p, -f, or piped stdin (-p - reads stdin too). One trailing newline of a
+    file or of stdin is dropped, as llama.cpp does for -f, so `echo text |` means "text"."""
+    if prompt is not None and file is not None:
+        raise LlogosError("give the prompt either with -p or with -f, not both")
+    if file is not None:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise LlogosError(f"cannot read prompt file {file}: {e}") from None
+        return _drop_newline(text)
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        text = sys.stdin.read()
+        if not text.strip():
+            raise LlogosError("the prompt on stdin is empty")
+        return _drop_newline(text)
+    return prompt
+
+
+def _drop_newline(text: str) -> str:
+    return text[:-1] if text.endswith("\n") else text
+
+
+def parse_token_list(value: str) -> list[int]:
+    try:
+        ids = [int(part) for part in value.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise LlogosError(f"--tokens takes comma-separated token ids, got '{value}'") from None
+    if not ids:
+        raise LlogosError("--tokens is empty")
+    return ids

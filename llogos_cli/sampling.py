@@ -1,0 +1,113 @@
+"""Token sampling with llama.cpp's flags, defaults and order of operations.
+
+The chain is llama.cpp's default: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+Truncation happens before temperature, so top-p and min-p see the untempered distribution.
+"""
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from llogos_cli.errors import LlogosError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64          # -1: the whole context, 0: no penalties
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None          # None: a fresh random seed
+
+    def __post_init__(self):
+        checks = [
+            (math.isfinite(self.temp), "--temp must be a finite number"),
+            (0.0 <= self.top_p <= 1.0, "--top-p must be between 0 and 1"),
+            (0.0 <= self.min_p <= 1.0, "--min-p must be between 0 and 1"),
+            (self.repeat_penalty > 0.0, "--repeat-penalty must be greater than 0"),
+            (self.repeat_last_n >= -1, "--repeat-last-n must be -1, 0 or a positive count"),
+            (math.isfinite(self.presence_penalty) and math.isfinite(self.frequency_penalty),
+             "penalties must be finite numbers"),
+            (self.seed is None or 0 <= self.seed < 2 ** 64, "--seed must be between 0 and 2^64-1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise LlogosError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams, n_ctx: int):
+        self.params = params
+        self.seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2 ** 32)
+        self.rng = np.random.default_rng(self.seed)
+        self.window = n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
+        self.history: list[int] = []
+
+    def accept(self, token_id: int) -> None:
+        """Record a prompt or generated token for the repetition penalties."""
+        self.history.append(token_id)
+
+    def sample(self, logits: np.ndarray) -> int:
+        p = self.params
+        logits = logits.astype(np.float32, copy=True)
+        if p.penalized:
+            self._penalize(logits)
+        if p.greedy:
+            return int(np.argmax(logits))
+        ids = np.arange(len(logits))
+        if 0 < p.top_k < len(logits):
+            keep = np.argpartition(-logits, p.top_k - 1)[:p.top_k]
+            ids, logits = ids[keep], logits[keep]
+        order = np.argsort(-logits, kind="stable")
+        ids, logits = ids[order], logits[order]
+        if p.top_p < 1.0:
+            probs = _softmax(logits)
+            cut = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1   # smallest prefix reaching top_p
+            ids, logits = ids[:cut], logits[:cut]
+        if p.min_p > 0.0:
+            keep = logits >= logits[0] + math.log(p.min_p)
+            ids, logits = ids[keep], logits[keep]
+        probs = _softmax(logits / np.float32(p.temp))
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def _penalize(self, logits: np.ndarray) -> None:
+        p = self.params
+        recent = self.history[-self.window:] if self.window > 0 else []
+        for token_id, count in Counter(recent).items():
+            value = logits[token_id]
+            value = value * p.repeat_penalty if value <= 0 else value / p.repeat_penalty
+            logits[token_id] = value - count * p.frequency_penalty - p.presence_penalty
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def top_logprobs(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The n most likely tokens of the full-vocabulary log-softmax, before any sampling transform."""
+    lp = log_softmax(logits)
+    top = np.argpartition(-lp, min(n, len(lp)) - 1)[:n]
+    top = top[np.argsort(-lp[top], kind="stable")]
+    return [(int(i), float(lp[i])) for i in top]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max())
+    return e / e.sum()
