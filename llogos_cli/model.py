@@ -3,10 +3,12 @@
 Family differences are flags in ModelConfig; tensors are looked up by their GGUF names.
 """
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
 
+from llogos_cli import deltanet
 from llogos_cli.config import ModelConfig
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf_file import GGUFFile
@@ -32,7 +34,7 @@ class Model:
         kv = [None if c.recurrent[il] else
               self.b.kv_cache(n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
               for il in range(c.n_layer)]
-        state = [None] * c.n_layer
+        state = [deltanet.new_state(self.b, c) if c.recurrent[il] else None for il in range(c.n_layer)]
         return Context(n_ctx, kv, state)
 
     # ------------------------------------------------------------------ forward
@@ -50,7 +52,8 @@ class Model:
         for il in range(c.n_layer):
             p = f"blk.{il}."
             h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps)      # (T, n_embd)
-            h = self._attention(il, p, h, pos, ctx)                     # (T, n_embd)
+            h = (deltanet.block(b, c, w, p, h, ctx.state[il]) if c.recurrent[il]
+                 else self._attention(il, p, h, pos, ctx))              # (T, n_embd)
             if c.post_norms:
                 h = b.rmsnorm(h, w[p + "post_attention_norm.weight"], c.norm_eps)
             x = b.add(x, h)
@@ -115,4 +118,16 @@ class Context:
             return False
         self.n_past = min(self.n_past, n)
         return True
+
+    def snapshot(self) -> tuple[int, list]:
+        """Mark this point (say, before a reply) for restore(), the way back rewind() cannot take for
+        recurrent layers. Copies only the recurrent state, whose size does not grow with the context;
+        the KV cache below n_past is left alone by later tokens and needs no copy."""
+        return self.n_past, copy.deepcopy(self.state)
+
+    def restore(self, snap: tuple[int, list]) -> None:
+        """Return to a snapshot, as often as wanted. Valid while the positions before it are unchanged:
+        evaluating on from an older snapshot invalidates newer ones."""
+        self.n_past, state = snap
+        self.state = copy.deepcopy(state)
 

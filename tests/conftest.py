@@ -26,8 +26,8 @@ def model_path(name: str) -> Path:
     from llogos_cli.registry import resolve_model
     try:
         return resolve_model(name)[0]
-    except LlogosError as e:  # `make test` pulls both models first; a bare pytest run may not have
-        pytest.skip(str(e))
+    except LlogosError as e:  # `make test` pulls both models before running the suite
+        pytest.fail(f"{e} (or run: make models)")
 
 
 @pytest.fixture(scope="session")

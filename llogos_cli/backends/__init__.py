@@ -4,16 +4,27 @@ Every backend implements the same methods on its own array type (NumPy on CPU, C
 
   loading     vector(raw) · matrix(raw, qtype, matmul) · to_host(x)
   embedding   embed(table, ids)
-  arithmetic  matmul(x, w) · add(a, b) · mul(a, b) · scale(x, s) · sigmoid(x)
+  arithmetic  matmul(x, w) · add(a, b) · mul(a, b) · scale(x, s) · sigmoid(x) · silu(x) · softplus(x)
   norms       rmsnorm(x, w, eps) · l2norm(x, eps)
   positions   rope(x, pos, dims, base, freq_scale, neox)
   attention   kv_cache(n_ctx, n_kv, dk, dv) · kv_store(cache, k, v, pos0)
               attention(q, cache, pos0, scale, window)
   ffn         glu(gate, up, gelu)
-  recurrence  conv_state(...) / delta_state(...) · ssm_conv(...) · delta_net(...)
+  recurrence  zeros(shape) · ssm_conv(x, conv_state, w) · delta_net(q, k, v, g, beta, state)
   sampling    argmax(row)
 
 Shapes are (tokens, features) or (tokens, heads, head_dim); weights are (out, in).
+
+The recurrence ops (Gated DeltaNet layers) work on float32 arrays and advance their state in place:
+  zeros(shape)            a float32 array of zeros: per-sequence recurrent state
+  ssm_conv(x, conv_state, w)
+                          causal depthwise convolution: x (T, C), conv_state (K-1, C) the inputs
+                          before x, w the (C, K) kernel from matrix(); out[t] = sum_j w[:, j] *
+                          [conv_state; x][t + j]. conv_state becomes the last K-1 rows. -> (T, C)
+  delta_net(q, k, v, g, beta, state)
+                          gated delta rule over T tokens: q, k (T, Hk, dk); v (T, Hv, dv); g, beta
+                          (T, Hv); state (Hv, dv, dk). Value head h reads key head h % Hk. Per token
+                          and head: S = exp(g) S; S += beta (v - S k) k^T; out = S q. -> (T, Hv, dv)
 """
 
 from llogos_cli.errors import LlogosError

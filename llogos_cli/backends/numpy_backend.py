@@ -11,6 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from llogos_cli import quants
+from llogos_cli.backends.numpy_recurrent import RecurrentOps
 
 # Attention scores are computed for this many query rows at a time, bounding their memory.
 _QUERY_CHUNK = 256
@@ -52,7 +53,7 @@ def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
     return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
 
 
-class NumpyBackend:
+class NumpyBackend(RecurrentOps):
     name = "cpu"
 
     def __init__(self):
