@@ -46,6 +46,8 @@ def generate(**o):
     """Continue a prompt and stream the continuation to stdout."""
     if o["tokens"] is not None and (o["prompt"] is not None or o["file"] is not None):
         raise LlogosError("--tokens replaces -p/-f; give only one of them")
+    if o["logprobs"] and not o["as_json"]:
+        raise LlogosError("--logprobs needs --json (log-probabilities are reported per token in JSON)")
     text = None if o["tokens"] is not None else read_prompt(o["prompt"], o["file"])
     if text is None and o["tokens"] is None:
         raise LlogosError("no prompt: give -p TEXT, -f FILE or --tokens IDS, or pipe text on stdin")
@@ -84,11 +86,13 @@ def generate(**o):
         out.write(json.dumps(done, ensure_ascii=False) + "\n")
     else:
         out.write(gen.tail)
-        if gen.stop == "limit" and session.n_ctx <= len(session.tokens):
-            err.print(f"\n[dim]stopped: the context of {session.n_ctx} tokens is full[/dim]")
+        if out.isatty():   # leave the shell prompt on a line of its own; pipes get the text as is
+            out.write("\n")
+        if gen.context_full:
+            err.print(f"[dim]stopped: the context of {session.n_ctx} tokens is full[/dim]")
     out.flush()
     if o["stats"]:
-        print_stats(m, gen.timings, session)
+        print_stats(m, gen.timings, session, None if params.greedy else gen.sampler.seed)
 
 
 def main() -> None:

@@ -138,6 +138,7 @@ class Generation:
     special: bool = False
     stop: str = ""
     tail: str = ""    # text released only at the end: a held-back stop-string prefix or partial UTF-8
+    context_full: bool = False
     timings: Timings = field(default_factory=Timings)
 
     def __iter__(self):
@@ -152,9 +153,8 @@ class Generation:
         t0 = time.perf_counter()
         n = 0
         self.stop = "limit"
-        while crit.n_predict < 0 or n < crit.n_predict:
-            if len(self.session.tokens) >= self.session.n_ctx:
-                break
+        room = self.session.n_ctx - len(self.prompt)   # tokens that still fit in the context
+        while (crit.n_predict < 0 or n < crit.n_predict) and n < room:
             token_id = self.sampler.sample(logits)
             lp = top_logprobs(logits, self.n_logprobs) if self.n_logprobs else None
             n += 1
@@ -167,9 +167,11 @@ class Generation:
                 self.stop = "stop-string"
                 yield Token(token_id, text, lp)
                 break
-            logits = self.session.step(token_id)
-            self.timings.eval_runs += 1
             yield Token(token_id, text, lp)
+            if (crit.n_predict < 0 or n < crit.n_predict) and n < room:   # its logits will be needed
+                logits = self.session.step(token_id)
+                self.timings.eval_runs += 1
+        self.context_full = self.stop == "limit" and n >= room
         if self.stop != "stop-string":
             self.tail = stops.push(decoder.flush()) + stops.flush()
         self.timings.predicted_n = n

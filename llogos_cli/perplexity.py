@@ -14,7 +14,7 @@ import numpy as np
 
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import Model
-from llogos_cli.sampling import log_softmax
+from llogos_cli.sampling import token_logprobs
 from llogos_cli.tokenizer import Tokenizer
 
 
@@ -50,12 +50,11 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
         if tok.add_bos:
             chunk[0] = tok.bos_id
         ctx = model.new_context(n_ctx)
-        logits = model.b.to_host(model.forward(ctx, chunk, all_logits=True))
-        for j in range(first, n_ctx - 1):
-            v = -float(log_softmax(logits[j])[chunk[j + 1]])
-            nll += v
-            nll2 += v * v
-            count += 1
+        logits = model.b.to_host(model.forward(ctx, chunk, all_logits=True))[first:n_ctx - 1]
+        nlls = -token_logprobs(logits, chunk[first + 1:])                  # (n_ctx - 1 - first,)
+        nll += float(nlls.sum())
+        nll2 += float(np.square(nlls).sum())
+        count += len(nlls)
         on_chunk(i + 1, n_chunks, math.exp(nll / count))
     mean = nll / count
     var = nll2 / count - mean * mean

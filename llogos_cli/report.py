@@ -4,7 +4,7 @@ from llogos_cli.console import err
 from llogos_cli.engine import Session, Timings
 
 
-def print_stats(loaded, t: Timings, session: Session) -> None:
+def print_stats(loaded, t: Timings, session: Session, seed: int | None = None) -> None:
     def per_token(ms: float, n: int) -> str:
         if n == 0 or ms <= 0:
             return ""
@@ -17,9 +17,11 @@ def print_stats(loaded, t: Timings, session: Session) -> None:
         f"       eval time = {t.predicted_ms:10.2f} ms / {t.eval_runs:5d} runs  {per_token(t.predicted_ms, t.eval_runs)}",
         f"      total time = {total_ms:10.2f} ms / {t.prompt_n + t.predicted_n:5d} tokens",
     ]
+    if seed is not None:
+        lines.insert(0, f"    sampler seed = {seed}")
     weight_bytes = loaded.model.weight_bytes
     if t.eval_runs and t.predicted_ms > 0:
         gbps = weight_bytes * t.eval_runs / (t.predicted_ms / 1e3) / 1e9
         lines.append(f"decode bandwidth = {gbps:10.2f} GB/s ({weight_bytes / 1e6:.0f} MB of "
                      f"{session.model.b.name} weights read per token)")
-    err.print("\n" + "\n".join(lines), highlight=False, markup=False)
+    err.print("\n" + "\n".join(lines), highlight=False, markup=False, soft_wrap=True)

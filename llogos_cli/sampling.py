@@ -100,6 +100,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum())
 
 
+def token_logprobs(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """log p(ids[i]) under each row of logits (rows, vocab), in float64."""
+    x = logits.astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    return x[np.arange(len(ids)), ids] - np.log(np.exp(x).sum(axis=1))
+
+
 def top_logprobs(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
     """The n most likely tokens of the full-vocabulary log-softmax, before any sampling transform."""
     lp = log_softmax(logits)

@@ -1,0 +1,192 @@
+"""The command line through a real subprocess: prompts, output modes and bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from tests.conftest import FIXTURES, need, reference
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory):
+    e = dict(os.environ, LLOGOS_CACHE=str(tmp_path_factory.mktemp("cache")), NO_COLOR="1")
+    e.pop("COLUMNS", None)
+    return e
+
+
+def llogos(env, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llogos_cli", *args], input=stdin, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str, code: int = 1) -> None:
+    assert r.returncode == code, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith("error: ")
+    for fragment in fragments:
+        assert fragment in r.stderr
+    assert r.stdout == ""
+
+
+def greedy(env, *args, stdin=None):
+    r = llogos(env, "generate", "-m", "smollm2-135m", "--temp", "0", *args, stdin=stdin)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_greedy_continuation_matches_llama_cpp_where_it_is_decisive(env, smollm_path):
+    case = reference("smollm2-135m")["generation"][0]
+    assert case["prompt"] == PROMPT
+    out = greedy(env, "-p", PROMPT, "-n", "4")
+    assert out == case["llamacpp"]["generated_text"][:len(out)] and out.startswith(" Paris.")
+
+
+def test_stdin_file_dash_and_token_prompts_agree(env, smollm_path, tmp_path):
+    expected = greedy(env, "-p", PROMPT, "-n", "6")
+    assert greedy(env, "-n", "6", stdin=PROMPT + "\n") == expected
+    assert greedy(env, "-p", "-", "-n", "6", stdin=PROMPT) == expected
+    (tmp_path / "prompt.txt").write_text(PROMPT + "\n")
+    assert greedy(env, "-f", str(tmp_path / "prompt.txt"), "-n", "6") == expected
+    assert greedy(env, "--tokens", "504,3575,282,4649,314", "-n", "6") == expected
+
+
+def test_echo_prints_the_prompt_first(env, smollm_path):
+    assert greedy(env, "-p", PROMPT, "-n", "3", "--echo") == PROMPT + greedy(env, "-p", PROMPT, "-n", "3")
+
+
+def test_stop_string_ends_generation_and_is_not_printed(env, smollm_path):
+    assert greedy(env, "-p", PROMPT, "-n", "20", "--stop", "\n") == " Paris."
+    lines = greedy(env, "-p", PROMPT, "-n", "20", "--stop", ".", "--json").splitlines()
+    done = json.loads(lines[-1])
+    assert done["done"] and done["stop"] == "stop-string"
+    assert "".join(json.loads(line)["text"] for line in lines[:-1]) == " Paris"
+
+
+def test_seed_makes_sampling_reproducible(env, smollm_path):
+    args = ("generate", "-m", "smollm2-135m", "-p", "Once upon a time", "-n", "24", "--temp", "1.2",
+            "--top-k", "0", "--top-p", "1", "--min-p", "0")
+    first = llogos(env, *args, "--seed", "11")
+    assert first.returncode == 0 and first.stdout
+    assert llogos(env, *args, "--seed", "11").stdout == first.stdout
+    assert llogos(env, *args, "--seed", "12").stdout != first.stdout
+
+
+def test_json_tokens_logprobs_and_timings(env, smollm_path):
+    case = reference("smollm2-135m")["generation"][0]
+    lines = greedy(env, "-p", PROMPT, "-n", "3", "--json", "--logprobs", "5").splitlines()
+    records = [json.loads(line) for line in lines]
+    tokens, done = records[:-1], records[-1]
+    assert [t["id"] for t in tokens] == case["llamacpp"]["generated_ids"][:3]
+    for t, step in zip(tokens, case["transformers_fp32"]["teacher_forced"]):
+        assert [i for i, _ in t["logprobs"]] == [i for i, _ in step["top5"]]
+        assert np.allclose([lp for _, lp in t["logprobs"]], [lp for _, lp in step["top5"]], atol=2e-3)
+    assert done == {**done, "done": True, "stop": "limit"}
+    assert set(done["timings"]) == {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n",
+                                    "predicted_ms", "predicted_per_second"}
+    assert done["timings"]["prompt_n"] == 5 and done["timings"]["predicted_n"] == 3
+
+
+def test_n_zero_generates_nothing(env, smollm_path):
+    assert greedy(env, "-p", PROMPT, "-n", "0") == ""
+
+
+def test_stats_go_to_stderr_only(env, smollm_path):
+    r = llogos(env, "generate", "-m", "smollm2-135m", "-p", PROMPT, "-n", "4", "--temp", "0", "--stats")
+    assert r.stdout == greedy(env, "-p", PROMPT, "-n", "4")
+    for label in ("load time", "prompt eval time", "eval time", "total time", "decode bandwidth"):
+        assert label in r.stderr
+
+
+def test_prompt_longer_than_context(env):
+    model = str(need(FIXTURES / "tiny-llama-f32.gguf"))
+    r = llogos(env, "generate", "-m", model, "-c", "8", "-p", "a b c d e f g h i j k l m n o p")
+    assert_one_line_error(r, "more than the context size 8")
+
+
+def test_generation_stops_when_the_context_is_full(env):
+    model = str(need(FIXTURES / "tiny-llama-f32.gguf"))
+    r = llogos(env, "generate", "-m", model, "-c", "12", "-p", "a b c", "--temp", "0", "--ignore-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert records[-1]["stop"] == "limit"
+    assert records[-1]["timings"]["prompt_n"] + records[-1]["timings"]["predicted_n"] == 12
+
+
+def test_missing_model(env, tmp_path):
+    assert_one_line_error(llogos(env, "generate", "-m", str(tmp_path / "nope.gguf"), "-p", "x"), "not found")
+
+
+def test_unknown_model_name_lists_the_known_ones(env):
+    assert_one_line_error(llogos(env, "generate", "-m", "no-such-model", "-p", "x"), "smollm2-135m")
+
+
+def test_non_gguf_file(env, tmp_path):
+    path = tmp_path / "notes.gguf"
+    path.write_text("just some text, not a model\n")
+    assert_one_line_error(llogos(env, "generate", "-m", str(path), "-p", "x"), "not a GGUF file")
+
+
+def test_truncated_gguf(env, tmp_path):
+    data = need(FIXTURES / "tiny-llama-f32.gguf").read_bytes()
+    for size in (len(data) // 2, 2000):
+        path = tmp_path / f"cut-{size}.gguf"
+        path.write_bytes(data[:size])
+        assert_one_line_error(llogos(env, "generate", "-m", str(path), "-p", "x"), str(path))
+
+
+def test_unsupported_architecture_is_named(env, tmp_path):
+    path = tmp_path / "mamba.gguf"
+    w = GGUFWriter(path, "mamba2")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert_one_line_error(llogos(env, "generate", "-m", str(path), "-p", "x"),
+                          "unsupported architecture 'mamba2'", "llama, gemma3, qwen2, qwen3, qwen35")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("--temp", "warm"), "--temp"),
+    (("--backend", "tpu"), "--backend"),
+    (("-n", "-5"), "--n-predict"),
+    (("--top-p", "2"), "--top-p"),
+    (("--tokens", "1,x"), "--tokens"),
+    (("--tokens", "999999"), "out of range"),
+    (("--frobnicate",), "--frobnicate"),
+])
+def test_bad_flag_values(env, args, fragment):
+    model = str(need(FIXTURES / "tiny-llama-f32.gguf"))
+    extra = () if "--tokens" in args else ("-p", "hello")
+    r = llogos(env, "generate", "-m", model, *extra, *args)
+    assert_one_line_error(r, fragment, code=r.returncode)
+    assert r.returncode in (1, 2)
+
+
+def test_empty_stdin(env):
+    model = str(need(FIXTURES / "tiny-llama-f32.gguf"))
+    assert_one_line_error(llogos(env, "generate", "-m", model, stdin=""), "empty")
+
+
+def test_tokenize_matches_llama_cpp(env, smollm_path):
+    for case in reference("smollm2-135m")["tokenization"][:4]:
+        r = llogos(env, "tokenize", "smollm2-135m", case["text"])
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == case["ids"]
+
+
+def test_models_and_info(env, smollm_path):
+    r = llogos(env, "models")
+    assert r.returncode == 0 and "smollm2-135m" in r.stdout and "gemma3-270m" in r.stdout
+    r = llogos(env, "info", "smollm2-135m")
+    assert r.returncode == 0, r.stderr
+    for fact in ("llama", "49152", "Q4_1", "smollm"):
+        assert fact in r.stdout
