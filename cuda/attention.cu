@@ -1,0 +1,112 @@
+// Causal attention of a few query tokens over the KV cache, fused: scores, online softmax and the
+// weighted sum of values in one pass that reads each cached row once, in its stored type. Decode
+// and short batches use this; long prompts take the GEMM + softmax_lengths path, where tensor-core
+// matrix products outrun it.
+//
+// Grid (n_head, T), ATTENTION_WARPS warps per block. Query t at position pos[t] sees the keys in
+// [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: all of them). Each warp takes tiles of 32
+// keys in turn, one key per lane: the lane computes its key's score against the query (held in
+// shared memory), the warp updates its running max and sum, and then the lanes, each owning runs
+// of 4 output features, accumulate the 32 weighted value rows. The warps' partial results are
+// merged at the end.
+#include "kv_cache.cuh"
+
+#define ATTENTION_WARPS 4
+#define MAX_HEAD_DIM 256
+#define RUNS_PER_LANE (MAX_HEAD_DIM / 4 / WARP_SIZE)
+
+template <class K, class V>
+__device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, float* out, const int* pos,
+                          int n_head, int n_kv, int dk, int dv, int n_ctx, float scale, int window) {
+    __shared__ float q_s[MAX_HEAD_DIM];
+    __shared__ float m_s[ATTENTION_WARPS], l_s[ATTENTION_WARPS];
+    __shared__ float acc_s[ATTENTION_WARPS][MAX_HEAD_DIM];
+    const int h = blockIdx.x, t = blockIdx.y, kv = h / (n_head / n_kv);
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const float* qr = q + ((i64)t * n_head + h) * dk;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) q_s[i] = qr[i];
+    __syncthreads();
+
+    const int end = pos[t] + 1, start = window > 0 ? max(0, end - window) : 0;
+    const i64 k_row = K::row_bytes(dk), v_row = V::row_bytes(dv);
+    const u8* keys = k_cache + (i64)kv * n_ctx * k_row;
+    const u8* values = v_cache + (i64)kv * n_ctx * v_row;
+
+    float m = -F32_INF, l = 0.0f;
+    float acc[RUNS_PER_LANE][4] = {};
+    for (int k0 = start + warp * WARP_SIZE; k0 < end; k0 += ATTENTION_WARPS * WARP_SIZE) {
+        const int key = k0 + lane;
+        float s = -F32_INF;
+        if (key < end) {
+            float dot = 0.0f;
+            for (int e = 0; e < dk; e += 4) {
+                const float4 kv4 = K::load4(keys + key * k_row, e);
+                dot += q_s[e] * kv4.x + q_s[e + 1] * kv4.y + q_s[e + 2] * kv4.z + q_s[e + 3] * kv4.w;
+            }
+            s = dot * scale;
+        }
+        const float m_new = fmaxf(m, warp_max(s));  // finite: this tile's first key is in range
+        const float p = expf(s - m_new), correction = expf(m - m_new);
+        l = l * correction + warp_sum(p);
+        m = m_new;
+#pragma unroll
+        for (int r = 0; r < RUNS_PER_LANE; r++)
+            for (int c = 0; c < 4; c++) acc[r][c] *= correction;
+        const int n_keys = min(WARP_SIZE, end - k0);
+        for (int j = 0; j < n_keys; j++) {
+            const float pj = __shfl_sync(FULL_MASK, p, j);
+            const u8* row = values + (k0 + j) * v_row;
+#pragma unroll
+            for (int r = 0; r < RUNS_PER_LANE; r++) {
+                const int e = 4 * (lane + WARP_SIZE * r);
+                if (e < dv) {
+                    const float4 v4 = V::load4(row, e);
+                    acc[r][0] += pj * v4.x; acc[r][1] += pj * v4.y; acc[r][2] += pj * v4.z; acc[r][3] += pj * v4.w;
+                }
+            }
+        }
+    }
+
+    if (lane == 0) {
+        m_s[warp] = m;
+        l_s[warp] = l;
+    }
+#pragma unroll
+    for (int r = 0; r < RUNS_PER_LANE; r++) {
+        const int e = 4 * (lane + WARP_SIZE * r);
+        if (e < dv)
+            for (int c = 0; c < 4; c++) acc_s[warp][e + c] = acc[r][c];
+    }
+    __syncthreads();
+    float m_all = -F32_INF;
+    for (int w = 0; w < ATTENTION_WARPS; w++) m_all = fmaxf(m_all, m_s[w]);
+    float l_all = 0.0f, weight[ATTENTION_WARPS];
+    for (int w = 0; w < ATTENTION_WARPS; w++) {  // a warp that saw no keys has l = 0 and weight 0
+        weight[w] = l_s[w] > 0.0f ? expf(m_s[w] - m_all) : 0.0f;
+        l_all += l_s[w] * weight[w];
+    }
+    float* o = out + ((i64)t * n_head + h) * dv;
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < ATTENTION_WARPS; w++) sum += acc_s[w][i] * weight[w];
+        o[i] = sum / l_all;
+    }
+}
+
+#define ATTENTION(tk, tv)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(ATTENTION_WARPS * WARP_SIZE) attention_##tk##_##tv(            \
+        const float* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,           \
+        float* __restrict__ out, const int* __restrict__ pos, int n_head, int n_kv, int dk, int dv, int n_ctx,  \
+        float scale, int window) {                                                                             \
+        attention<kv_##tk, kv_##tv>(q, k_cache, v_cache, out, pos, n_head, n_kv, dk, dv, n_ctx, scale, window);  \
+    }
+
+ATTENTION(f32, f32)
+ATTENTION(f32, f16)
+ATTENTION(f32, q8_0)
+ATTENTION(f16, f32)
+ATTENTION(f16, f16)
+ATTENTION(f16, q8_0)
+ATTENTION(q8_0, f32)
+ATTENTION(q8_0, f16)
+ATTENTION(q8_0, q8_0)

@@ -1,0 +1,8 @@
+// y = a * b, with b (nb elements) repeated along a (n elements).
+#include "common.cuh"
+
+extern "C" __global__ void mul_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
+                                   int n, int nb) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a[i] * b[i % nb];
+}

@@ -1,0 +1,7 @@
+// y = x / (1 + exp(-x)).
+#include "common.cuh"
+
+extern "C" __global__ void silu_f32(const float* __restrict__ x, float* __restrict__ y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] / (1.0f + expf(-x[i]));
+}

@@ -1,0 +1,130 @@
+"""Products with quantized weights, and row lookups in them.
+
+Weights stay on the GPU as the GGUF bytes. A product x (T, in) · W (out, in)ᵀ takes one of two
+paths: for few tokens, matrix-vector kernels that decode each weight once per 8 tokens
+(memory-bound, like decode itself); for many, W is dequantized to float16 in row chunks and
+multiplied on tensor cores, which costs ~4.5 bytes of traffic per weight instead of ~0.6 but
+serves every token at once.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from llogos_cli import quants
+from llogos_cli.backends.cuda_kernels import TYPE_SUFFIX, cdiv, check
+from llogos_cli.errors import LlogosError
+
+MATVEC_MAX_TOKENS = 8    # activation rows one matvec launch takes (MATVEC_MAX_TOKENS in matvec.cu)
+MATVEC_WARPS = 4         # output rows per matvec thread block, one per warp
+# From this many tokens on, one f16 GEMM beats re-reading the quantized weights every 8 tokens.
+GEMM_MIN_TOKENS = 32
+SCRATCH_ELEMENTS = 1 << 25  # f16 dequantization buffer (64 MiB): bigger matrices go in row chunks
+_THREADS = 256
+
+# Plain types are read 4 elements at a time (quant_blocks.cuh), and every type decodes this many
+# elements per thread: the launchers size their grids by it.
+_PLAIN_BLOCK = 4
+_PART_ELEMENTS = {T.F32: 4, T.F16: 4, T.BF16: 4, T.Q8_0: 8, T.Q4_0: 8, T.Q4_1: 8, T.Q5_0: 8, T.Q5_1: 8,
+                  T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16}
+
+
+@dataclass(slots=True)
+class QuantMatrix:
+    raw: Any                 # device uint8 (rows, bytes per row): the GGUF bytes as stored
+    qtype: T
+    rows: int
+    cols: int
+    in_products: bool        # False for a lookup-only table (an untied token_embd)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product with this matrix reads (a lookup-only table reads a row per token)."""
+        return self.raw.nbytes if self.in_products else 0
+
+
+class Scratch:
+    """A reusable float16 buffer for one dequantized matrix (or a row chunk of it)."""
+
+    def __init__(self, xp, limit: int = SCRATCH_ELEMENTS):
+        self.xp, self.limit, self.buf = xp, limit, None
+
+    def rows(self, w: QuantMatrix) -> tuple[Any, int]:
+        """The buffer, and how many rows of w fit in it at once."""
+        n = max(w.cols, min(w.rows * w.cols, self.limit))
+        if self.buf is None or self.buf.size < n:
+            self.buf = self.xp.empty(n, np.float16)
+        return self.buf, self.buf.size // w.cols
+
+
+def _block_elements(qtype: T) -> int:
+    return GGML_QUANT_SIZES[qtype][0] if GGML_QUANT_SIZES[qtype][0] > 1 else _PLAIN_BLOCK
+
+
+def upload(xp, raw: np.ndarray, qtype: T, in_products: bool) -> QuantMatrix:
+    quants.check_supported(qtype, "matrix")
+    cols = quants.row_elements(raw, qtype)
+    if cols % _block_elements(qtype):
+        raise LlogosError(f"{qtype.name} matrices need rows of a multiple of {_PLAIN_BLOCK} elements, not {cols}")
+    return QuantMatrix(xp.asarray(raw), qtype, raw.shape[0], cols, in_products)
+
+
+def matmul(k, x, w: QuantMatrix, scratch: Scratch):
+    """x (T, in) float32 · W (out, in)ᵀ -> (T, out) float32."""
+    check(x, np.float32, "x")
+    n_tok = x.shape[0]
+    assert x.shape[1] == w.cols, f"x has {x.shape[1]} features, the matrix {w.cols}"
+    y = k.xp.empty((n_tok, w.rows), np.float32)
+    if n_tok < GEMM_MIN_TOKENS:
+        for t0 in range(0, n_tok, MATVEC_MAX_TOKENS):
+            matvec(k, x[t0:t0 + MATVEC_MAX_TOKENS], w, y[t0:t0 + MATVEC_MAX_TOKENS])
+        return y
+    x16 = x.astype(np.float16)
+    buf, chunk = scratch.rows(w)
+    for r0 in range(0, w.rows, chunk):
+        r1 = min(w.rows, r0 + chunk)
+        w16 = buf[:(r1 - r0) * w.cols].reshape(r1 - r0, w.cols)
+        dequantize(k, w.raw[r0:r1], w.qtype, w16)
+        k.gemm_f16(x16, w16, y[:, r0:r1])
+    return y
+
+
+def matvec(k, x, w: QuantMatrix, y) -> None:
+    """y (T, out) = x (T, in) · Wᵀ for T <= MATVEC_MAX_TOKENS."""
+    check(x, np.float32, "x")
+    check(y, np.float32, "y")
+    check(w.raw, np.uint8, "w")
+    n_tok = x.shape[0]
+    assert 0 < n_tok <= MATVEC_MAX_TOKENS and y.shape == (n_tok, w.rows)
+    grid, block, args = (cdiv(w.rows, MATVEC_WARPS),), (MATVEC_WARPS * 32,), (w.raw, x, y, np.int32(w.cols), np.int32(w.rows))
+    if n_tok == 1:
+        k.function("matvec", f"matvec_{TYPE_SUFFIX[w.qtype]}")(grid, block, args)
+    else:
+        k.function("matvec", f"matvec_batch_{TYPE_SUFFIX[w.qtype]}")(grid, block, (*args, np.int32(n_tok)))
+
+
+def dequantize(k, raw, qtype: T, out) -> None:
+    """Rows of raw GGUF bytes (rows, bytes per row) -> out (rows, cols) float16."""
+    check(raw, np.uint8, "raw")
+    check(out, np.float16, "out")
+    rows, cols = out.shape
+    assert raw.shape[0] == rows and quants.row_elements(raw, qtype) == cols and cols % _block_elements(qtype) == 0
+    k.function("dequantize", f"dequantize_{TYPE_SUFFIX[qtype]}")(
+        (cdiv(rows * cols // _PART_ELEMENTS[qtype], _THREADS),), (_THREADS,),
+        (raw, out, np.int32(rows), np.int32(cols)))
+
+
+def get_rows(k, raw, qtype: T, ids):
+    """Rows ids (device int32) of raw GGUF bytes (rows, bytes per row) -> (len(ids), cols) float32."""
+    check(raw, np.uint8, "raw")
+    check(ids, np.int32, "ids")
+    cols = quants.row_elements(raw, qtype)
+    assert cols % _block_elements(qtype) == 0
+    y = k.xp.empty((ids.size, cols), np.float32)
+    if ids.size:
+        k.function("get_rows", f"get_rows_{TYPE_SUFFIX[qtype]}")(
+            (cdiv(ids.size * cols // _PART_ELEMENTS[qtype], _THREADS),), (_THREADS,),
+            (raw, ids, y, np.int32(cols), np.int32(ids.size)))
+    return y

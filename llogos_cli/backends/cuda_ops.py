@@ -1,0 +1,117 @@
+"""Launchers for the elementwise, normalization, rotary, softmax and argmax kernels.
+
+Each takes the kernel provider `k` (see cuda_kernels), checks its arrays, allocates the output
+and launches; outputs are new arrays, as the NumPy backend returns.
+"""
+
+import numpy as np
+
+from llogos_cli.backends.cuda_kernels import cdiv, check
+
+_THREADS = 256
+
+
+def _row_threads(ncols: int) -> int:
+    """Threads for the one-block-per-row kernels: a warp for short rows (heads), 256 for long ones."""
+    return 256 if ncols >= 1024 else 32
+
+
+def _pointwise(k, module: str, name: str, inputs: tuple, *scalars):
+    for i, a in enumerate(inputs):
+        check(a, np.float32, f"{name} input {i}")
+    y = k.xp.empty_like(inputs[0])
+    k.function(module, name)((cdiv(y.size, _THREADS),), (_THREADS,), (*inputs, y, np.int32(y.size), *scalars))
+    return y
+
+
+def _broadcast(k, module: str, a, b):
+    """a op b with b repeated along a: b's shape must be a trailing part of a's."""
+    assert a.shape[a.ndim - b.ndim:] == b.shape, f"{module}: cannot repeat {b.shape} along {a.shape}"
+    return _pointwise(k, module, f"{module}_f32", (a, b), np.int32(b.size))
+
+
+def add(k, a, b):
+    return _broadcast(k, "add", a, b)
+
+
+def mul(k, a, b):
+    return _broadcast(k, "mul", a, b)
+
+
+def scale(k, x, s: float):
+    return _pointwise(k, "scale", "scale_f32", (x,), np.float32(s))
+
+
+def sigmoid(k, x):
+    return _pointwise(k, "sigmoid", "sigmoid_f32", (x,))
+
+
+def silu(k, x):
+    return _pointwise(k, "silu", "silu_f32", (x,))
+
+
+def softplus(k, x):
+    return _pointwise(k, "softplus", "softplus_f32", (x,))
+
+
+def glu(k, gate, up, gelu: bool):
+    assert gate.shape == up.shape
+    return _pointwise(k, "glu", "geglu_f32" if gelu else "swiglu_f32", (gate, up))
+
+
+def rmsnorm(k, x, w, eps: float):
+    """Over the last dimension of x, weighted by w."""
+    check(x, np.float32, "x")
+    check(w, np.float32, "w")
+    ncols = x.shape[-1]
+    assert w.shape == (ncols,)
+    y = k.xp.empty_like(x)
+    k.function("rmsnorm", "rmsnorm_f32")((x.size // ncols,), (_row_threads(ncols),),
+                                         (x, w, y, np.int32(ncols), np.float32(eps)))
+    return y
+
+
+def l2norm(k, x, eps: float):
+    check(x, np.float32, "x")
+    ncols = x.shape[-1]
+    y = k.xp.empty_like(x)
+    k.function("l2norm", "l2norm_f32")((x.size // ncols,), (_row_threads(ncols),),
+                                       (x, y, np.int32(ncols), np.float32(eps)))
+    return y
+
+
+def rope(k, x, pos, dims: int, base: float, freq_scale: float, neox: bool):
+    """Rotate the first `dims` features of each head of x (T, H, D) by the positions pos (device, T)."""
+    check(x, np.float32, "x")
+    check(pos, np.int32, "pos")
+    n_tok, n_head, head_dim = x.shape
+    assert pos.shape == (n_tok,) and dims % 2 == 0 and dims <= head_dim and head_dim % 2 == 0
+    y = k.xp.empty_like(x)
+    k.function("rope", "rope_neox_f32" if neox else "rope_norm_f32")(
+        (cdiv(x.size // 2, _THREADS),), (_THREADS,),
+        (x, y, pos, np.int32(n_tok), np.int32(n_head), np.int32(head_dim), np.int32(dims),
+         np.float32(base), np.float32(freq_scale)))
+    return y
+
+
+def softmax_lengths(k, x, lengths, window: int, scale: float):
+    """Softmax of each row of x (rows, n) * scale over its last `window` columns before lengths[row]
+    (all of them before it when window is 0); the other columns become 0."""
+    check(x, np.float32, "x")
+    check(lengths, np.int32, "lengths")
+    ncols = x.shape[-1]
+    assert lengths.size == x.size // ncols
+    y = k.xp.empty_like(x)
+    if x.size:
+        k.function("softmax", "softmax_lengths_f32")((lengths.size,), (_row_threads(ncols),),
+                                                     (x, y, lengths, np.int32(ncols), np.int32(window),
+                                                      np.float32(scale)))
+    return y
+
+
+def argmax(k, x):
+    """The index of the largest element of x, as a device int32 array of one element."""
+    check(x, np.float32, "x")
+    out = k.xp.empty(1, np.int32)
+    k.function("argmax", "argmax_f32")((1,), (1024,), (x, np.int32(x.size), out))
+    return out

@@ -1,0 +1,101 @@
+// The CUDA built-ins that cuda/*.cu use, for compiling those sources as host C++ (force-included
+// before them). Each thread of a block runs as a fiber (emu_runtime.cpp): __syncthreads and warp
+// shuffles switch fibers until every thread involved has arrived, so they really synchronize.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+// `used` keeps entry points in the preprocessed text where emulator.py finds them by name.
+#define __global__ __attribute__((used))
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+// Blocks run one at a time on one OS thread, so a static is exactly a block's shared memory.
+#define __shared__ static
+
+struct uint3 { unsigned x, y, z; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+
+namespace emu {
+extern uint3 block_idx, block_dim, grid_dim;
+const uint3& thread_idx();
+int lane();
+void sync_block();
+// Publishes this lane's value and returns the one lane `src` published, after the whole warp has.
+unsigned long long exchange(unsigned long long value, int src);
+[[noreturn]] void fail(const char* what);
+}  // namespace emu
+
+#define threadIdx (emu::thread_idx())
+#define blockIdx (emu::block_idx)
+#define blockDim (emu::block_dim)
+#define gridDim (emu::grid_dim)
+
+#define CHECK_ALIGNED(p, n) \
+    ((reinterpret_cast<uintptr_t>(p) % (n)) ? emu::fail("misaligned " #n "-byte load") : (void)0)
+
+inline void __syncthreads() {
+    asm volatile("" ::: "memory");  // other fibers wrote shared memory meanwhile
+    emu::sync_block();
+    asm volatile("" ::: "memory");
+}
+
+template <class T>
+T emu_shuffle(unsigned mask, T value, int src) {
+    static_assert(sizeof(T) <= 8, "shuffled values are at most 8 bytes");
+    if (mask != 0xffffffffu) emu::fail("only full-warp shuffles are emulated");
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &value, sizeof(T));
+    bits = emu::exchange(bits, src);
+    std::memcpy(&value, &bits, sizeof(T));
+    return value;
+}
+
+template <class T>
+T __shfl_sync(unsigned mask, T value, int src, int width = 32) {
+    return emu_shuffle(mask, value, (emu::lane() & ~(width - 1)) + (src & (width - 1)));
+}
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+    const int src = emu::lane() ^ lane_mask;
+    return emu_shuffle(mask, value, src < ((emu::lane() & ~(width - 1)) + width) ? src : emu::lane());
+}
+
+template <class T>
+T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32) {
+    const int src = emu::lane() + (int)delta;
+    return emu_shuffle(mask, value, src < ((emu::lane() & ~(width - 1)) + width) ? src : emu::lane());
+}
+
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline void __trap() { emu::fail("__trap"); }
+
+// IEEE binary16 <-> binary32, bit-exact with the GPU's cvt instructions and NumPy.
+inline float f16_to_f32(unsigned short h) {
+    const unsigned sign = (unsigned)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    if (exp == 0x1F) return __uint_as_float(sign | 0x7F800000u | (man << 13));
+    if (exp != 0) return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
+    const float magnitude = std::ldexp((float)man, -24);  // subnormal or zero
+    return sign ? -magnitude : magnitude;
+}
+
+inline unsigned short f32_to_f16(float f) {
+    const unsigned u = __float_as_uint(f), sign = (u >> 16) & 0x8000, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (unsigned short)(sign | 0x7E00 | ((a >> 13) & 0x3FF));  // NaN
+    if (a >= 0x477FF000u) return (unsigned short)(sign | 0x7C00);  // rounds past 65504: infinity
+    if (a < 0x38800000u) {  // below the smallest normal half: a multiple of 2^-24, rounded to even
+        const float scaled = __uint_as_float(a) * 16777216.0f;  // exact: a power-of-two scale
+        return (unsigned short)(sign | (unsigned)std::nearbyint(scaled));
+    }
+    const unsigned rounded = a + 0xFFF + ((a >> 13) & 1);  // round to nearest even on bit 13
+    return (unsigned short)(sign | ((rounded - (112u << 23)) >> 13));
+}

@@ -1,0 +1,272 @@
+"""Checks of every CudaBackend operation against the references, run twice: under the CPU emulator
+(test_cuda_emulated.py) and on a GPU (test_cuda_gpu.py). Each of those modules imports these
+tests and supplies the `backend` fixture: a CudaBackend over its kernel provider.
+
+References: `gguf.quants.dequantize` for decoding, the NumPy backend for everything else. Shapes
+are chosen to leave partial thread blocks, warps and row chunks.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.quants import dequantize as gguf_dequantize
+
+from llogos_cli.backends import cuda_attention, cuda_matmul, cuda_ops
+from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.errors import LlogosError
+
+WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+# Byte offsets of the float16 scale fields in each block type (ggml-common.h).
+_SCALE_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
+                 T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+CPU = NumpyBackend()
+
+
+def random_weights(rng, qtype: T, rows: int, cols: int) -> np.ndarray:
+    """Random GGUF bytes (rows, bytes per row): every quant bit pattern, finite float16 scales."""
+    if qtype in (T.F32, T.F16):
+        return rng.standard_normal((rows, cols)).astype(np.float32 if qtype == T.F32 else np.float16).view(np.uint8)
+    if qtype == T.BF16:
+        return (rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    for offset in _SCALE_FIELDS[qtype]:
+        scales = (rng.uniform(0.5, 1.5, raw.shape[:2]) * rng.choice([-1, 1], raw.shape[:2]) / 64).astype(np.float16)
+        raw[:, :, offset:offset + 2] = scales[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def reference(raw: np.ndarray, qtype: T) -> np.ndarray:
+    return gguf_dequantize(raw, qtype).reshape(raw.shape[0], -1).astype(np.float32)
+
+
+def host(backend, x) -> np.ndarray:
+    return backend.to_host(x)
+
+
+def assert_close(got, want, rtol=1e-5, scale=None):
+    """|got - want| <= rtol * scale elementwise, scale defaulting to max|want| (error relative to the data)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+    bound = rtol * (np.abs(want).max() if scale is None else scale) + 1e-30
+    err = np.abs(got - want) / bound
+    assert np.all(err <= 1), f"max error {err.max():.3g} x the bound at {np.unravel_index(err.argmax(), err.shape)}"
+
+
+# ------------------------------------------------------------------ quantized weights
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_dequantize_to_f16(backend, qtype):
+    rng = np.random.default_rng(1)
+    cols = 512 if GGML_QUANT_SIZES[qtype][0] == 256 else 96
+    raw = random_weights(rng, qtype, 7, cols)
+    out = backend.xp.zeros((7, cols), np.float16)
+    cuda_matmul.dequantize(backend.k, backend.xp.asarray(raw), qtype, out)
+    want = reference(raw, qtype)
+    # One float16 rounding of the exact value, plus float32 rounding in the decode.
+    assert np.all(np.abs(host(backend, out).astype(np.float64) - want) <= np.abs(want) * 2.0 ** -11 + 1e-7)
+
+
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_embed_gathers_and_decodes_rows(backend, qtype):
+    rng = np.random.default_rng(2)
+    cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    raw = random_weights(rng, qtype, 11, cols)
+    ids = np.array([3, 0, 10, 3, 7], np.int32)
+    got = host(backend, backend.embed(backend.matrix(raw, qtype, matmul=False), ids))
+    assert_close(got, reference(raw, qtype)[ids], rtol=1e-6)
+
+
+def test_embed_rejects_ids_outside_the_vocabulary(backend):
+    table = backend.matrix(random_weights(np.random.default_rng(0), T.Q8_0, 4, 32), T.Q8_0, matmul=False)
+    with pytest.raises(LlogosError, match="outside the vocabulary"):
+        backend.embed(table, np.array([1, 4]))
+
+
+def _check_product(backend, qtype, n_tok, scratch=None):
+    rng = np.random.default_rng(n_tok)
+    cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    raw = random_weights(rng, qtype, 37, cols)
+    w = backend.matrix(raw, qtype, matmul=True)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    if scratch is None:
+        got = host(backend, backend.matmul(backend.xp.asarray(x), w))
+    else:
+        got = host(backend, cuda_matmul.matmul(backend.k, backend.xp.asarray(x), w, scratch))
+    dense = reference(raw, qtype).astype(np.float64)
+    # Error bound relative to sum |x||w|: float32 accumulation for matvec, float16 inputs for GEMM.
+    rtol = 1e-5 if n_tok < cuda_matmul.GEMM_MIN_TOKENS else 2e-3
+    assert_close(got, x @ dense.T, rtol=rtol, scale=np.abs(x) @ np.abs(dense).T)
+
+
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, cuda_matmul.MATVEC_MAX_TOKENS + 3, cuda_matmul.GEMM_MIN_TOKENS + 5])
+def test_matmul(backend, qtype, n_tok):
+    _check_product(backend, qtype, n_tok)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.BF16], ids=lambda t: t.name)
+def test_matmul_dequantizes_in_row_chunks(backend, qtype):
+    cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    _check_product(backend, qtype, cuda_matmul.GEMM_MIN_TOKENS, cuda_matmul.Scratch(backend.xp, limit=5 * cols))
+
+
+def test_plain_matrices_need_rows_of_four(backend):
+    with pytest.raises(LlogosError, match="multiple of 4"):
+        backend.matrix(np.zeros((2, 6 * 4), np.uint8), T.F32, matmul=True)
+
+
+# ------------------------------------------------------------------ elementwise and norms
+@pytest.mark.parametrize("shape", [(5, 64), (3, 4, 128), (2, 1536), (1, 100)])
+def test_rmsnorm(backend, shape):
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape[-1]).astype(np.float32)
+    got = backend.rmsnorm(backend.xp.asarray(x), backend.xp.asarray(w), 1e-6)
+    assert_close(host(backend, got), CPU.rmsnorm(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("shape", [(5, 64), (2, 1536)])
+def test_l2norm(backend, shape):
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    x[0] = 0  # all-zero row: eps keeps it finite
+    assert_close(host(backend, backend.l2norm(backend.xp.asarray(x), 1e-6)), CPU.l2norm(x, 1e-6))
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("dims", [64, 32])
+def test_rope(backend, neox, dims):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 5, 64)).astype(np.float32)
+    pos = np.array([0, 17, 4999], np.int32)
+    got = backend.rope(backend.xp.asarray(x), pos, dims, 1e6, 0.25, neox)
+    assert_close(host(backend, got), CPU.rope(x, pos, dims, 1e6, 0.25, neox), rtol=2e-6)
+
+
+@pytest.mark.parametrize("gelu", [False, True])
+def test_glu(backend, gelu):
+    rng = np.random.default_rng(6)
+    gate, up = (rng.standard_normal((3, 300)).astype(np.float32) * 4 for _ in range(2))
+    got = backend.glu(backend.xp.asarray(gate), backend.xp.asarray(up), gelu)
+    assert_close(host(backend, got), CPU.glu(gate, up, gelu))
+
+
+@pytest.mark.parametrize("op", ["add", "mul"])
+@pytest.mark.parametrize("b_shape", [(7, 300), (300,)])
+def test_add_and_mul_repeat_b_along_a(backend, op, b_shape):
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((7, 300)).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
+    got = getattr(backend, op)(backend.xp.asarray(a), backend.xp.asarray(b))
+    np.testing.assert_array_equal(host(backend, got), getattr(CPU, op)(a, b))
+
+
+def test_mul_takes_strided_views(backend):
+    rng = np.random.default_rng(8)
+    qg = rng.standard_normal((3, 4, 16)).astype(np.float32)
+    a = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    got = backend.mul(backend.xp.asarray(a), backend.xp.asarray(qg)[..., 8:])
+    np.testing.assert_array_equal(host(backend, got), a * qg[..., 8:])
+
+
+def test_scale_and_sigmoid(backend):
+    x = np.random.default_rng(9).standard_normal((3, 333)).astype(np.float32) * 10
+    np.testing.assert_array_equal(host(backend, backend.scale(backend.xp.asarray(x), 0.3)), CPU.scale(x, 0.3))
+    assert_close(host(backend, backend.sigmoid(backend.xp.asarray(x))), CPU.sigmoid(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["silu", "softplus"])
+def test_silu_and_softplus(backend, op):
+    x = np.random.default_rng(10).standard_normal((3, 333)).astype(np.float32) * 10
+    x[0, :4] = [-100, 100, 0, -0.0]  # exp overflows on one side or the other
+    got = host(backend, getattr(backend, op)(backend.xp.asarray(x)))
+    with np.errstate(over="ignore"):
+        assert_close(got, getattr(CPU, op)(x), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ recurrence (Gated DeltaNet)
+@pytest.mark.parametrize("n_tok", [1, 2, 7])
+def test_ssm_conv_advances_its_state(backend, n_tok):
+    rng = np.random.default_rng(11)
+    channels, kernel = 70, 4
+    raw = rng.standard_normal((channels, kernel)).astype(np.float32).view(np.uint8)
+    state = rng.standard_normal((kernel - 1, channels)).astype(np.float32)
+    x = rng.standard_normal((n_tok, channels)).astype(np.float32)
+    state_dev = backend.xp.array(state)  # a copy, also under the emulator
+    got = backend.ssm_conv(backend.xp.asarray(x), state_dev, backend.matrix(raw, T.F32, matmul=True))
+    want = CPU.ssm_conv(x, state, CPU.matrix(raw, T.F32, matmul=True))
+    assert_close(host(backend, got), want, rtol=1e-6)
+    np.testing.assert_array_equal(host(backend, state_dev), state)
+
+
+@pytest.mark.parametrize("n_tok", [1, 5, 70])
+def test_delta_net_advances_its_state(backend, n_tok):
+    rng = np.random.default_rng(12)
+    n_k, n_v, dk, dv = 2, 4, 48, 24
+    q, k = (rng.standard_normal((n_tok, n_k, dk)).astype(np.float32) / 7 for _ in range(2))
+    v = rng.standard_normal((n_tok, n_v, dv)).astype(np.float32)
+    g = -rng.uniform(0, 0.5, (n_tok, n_v)).astype(np.float32)
+    beta = rng.uniform(0, 1, (n_tok, n_v)).astype(np.float32)
+    state = rng.standard_normal((n_v, dv, dk)).astype(np.float32)
+    state_dev = backend.xp.array(state)  # a copy, also under the emulator
+    got = backend.delta_net(*(backend.xp.asarray(a) for a in (q, k, v, g, beta)), state_dev)
+    want = CPU.delta_net(q, k, v, g, beta, state)
+    assert_close(host(backend, got), want, rtol=1e-5)
+    assert_close(host(backend, state_dev), state, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ attention
+def test_softmax_lengths(backend):
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((6, 1100)).astype(np.float32) * 3
+    lengths = np.array([1, 5, 1100, 0, 700, 64], np.int32)
+    for window in (0, 50):
+        got = host(backend, cuda_ops.softmax_lengths(backend.k, backend.xp.asarray(x), backend.xp.asarray(lengths),
+                                                     window, 0.5))
+        want = np.zeros_like(x)
+        for r, n in enumerate(lengths):
+            lo = max(0, n - window) if window else 0
+            e = np.exp(x[r, lo:n] * 0.5 - (x[r, lo:n] * 0.5).max(initial=-np.inf))
+            want[r, lo:n] = e / e.sum()
+        assert_close(got, want, rtol=1e-6)
+
+
+CACHE_PAIRS = [("f32", "f32"), ("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "f16"), ("f16", "f32")]
+
+
+@pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
+@pytest.mark.parametrize("n_tok", [1, 5, cuda_attention.FUSED_MAX_TOKENS + 4])
+@pytest.mark.parametrize("window", [0, 7])
+def test_kv_store_and_attention(backend, type_k, type_v, n_tok, window):
+    rng = np.random.default_rng(n_tok + window)
+    n_ctx, n_kv, n_head, dk, dv, pos0 = 64, 2, 6, 64, 32, 29
+    caches = [b.kv_cache(n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
+    for start, n in ((0, pos0), (pos0, n_tok)):  # the history, then the new tokens
+        k = rng.standard_normal((n, n_kv, dk)).astype(np.float32)
+        v = rng.standard_normal((n, n_kv, dv)).astype(np.float32)
+        CPU.kv_store(caches[0], k, v, start)
+        backend.kv_store(caches[1], backend.xp.asarray(k), backend.xp.asarray(v), start)
+    for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
+        stored = host(backend, getattr(caches[1], name)).reshape(n_kv * n_ctx, -1)
+        decoded = reference(stored, {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}[cache_type])
+        np.testing.assert_array_equal(decoded.reshape(n_kv, n_ctx, d), getattr(caches[0], name).astype(np.float32))
+    q = rng.standard_normal((n_tok, n_head, dk)).astype(np.float32)
+    got = backend.attention(backend.xp.asarray(q), caches[1], pos0, 0.125, window)
+    assert_close(host(backend, got), CPU.attention(q, caches[0], pos0, 0.125, window), rtol=2e-5)
+
+
+def test_kv_cache_defaults_to_f16(backend):
+    cache = backend.kv_cache(8, 2, 64, 64)
+    assert (cache.type_k, cache.type_v) == ("f16", "f16") and cache.k.shape == (2, 8, 128)
+
+
+def test_kv_cache_rejects_unusable_types(backend):
+    with pytest.raises(LlogosError, match="multiples of 32"):
+        backend.kv_cache(8, 2, 48, 48, "q8_0", "f16")
+    with pytest.raises(LlogosError, match="unknown KV cache type"):
+        backend.kv_cache(8, 2, 64, 64, "q4_0", "f16")
+
+
+# ------------------------------------------------------------------ sampling
+@pytest.mark.parametrize("n", [1, 1000, 70001])
+def test_argmax_takes_the_first_maximum(backend, n):
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32) - 10
+    x[n // 3] = x[n - 1] = 5.0  # a tie: NumPy returns the first
+    assert backend.argmax(backend.xp.asarray(x)) == int(np.argmax(x)) == n // 3

@@ -1,0 +1,116 @@
+"""The CUDA backend with its kernels run by the CPU emulator (tests/emu), against the NumPy backend.
+
+The operation and whole-model checks are shared with the GPU tests (emu/op_suite.py,
+emu/model_suite.py); this module adds checks of the emulator itself and of which kernels run.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from llogos_cli.backends import cuda_attention, cuda_matmul
+from llogos_cli.backends.cuda_backend import CudaBackend
+from llogos_cli.gguf_file import GGUFFile
+from llogos_cli.model import Model
+from tests.emu.emulator import EmulationError, EmuKernels
+from tests.emu.model_suite import *  # noqa: F401,F403 (the shared whole-model tests)
+from tests.emu.model_suite import load_bench, model_pair, relative
+from tests.emu.op_suite import *  # noqa: F401,F403 (the shared operation tests)
+from tests.emu.op_suite import CPU, random_weights
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return EmuKernels()
+
+
+@pytest.fixture(scope="module")
+def backend(kernels):
+    return CudaBackend(kernels)
+
+
+# ------------------------------------------------------------------ the emulator itself
+def test_half_conversions_match_numpy_bit_for_bit(backend):
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    halves = halves[~np.isnan(halves.view(np.float16))]
+    halves = np.concatenate([halves, np.zeros(-halves.size % 4, np.uint16)])  # whole blocks of 4
+    decoded = backend.embed(backend.matrix(halves.view(np.uint8).reshape(1, -1), T.F16, False), np.zeros(1))
+    np.testing.assert_array_equal(decoded[0].view(np.uint32), halves.view(np.float16).astype(np.float32).view(np.uint32))
+
+    rng = np.random.default_rng(0)
+    floats = np.concatenate([rng.standard_normal(3998) * 10.0 ** rng.integers(-9, 6, 3998),
+                             [65504, 65519.99, 65520, 1e6, -1e6, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 0.0, -0.0,
+                              1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, np.inf, -np.inf]]).astype(np.float32)
+    floats = floats[:floats.size // 4 * 4]
+    out = np.empty((1, floats.size), np.float16)
+    cuda_matmul.dequantize(backend.k, floats.view(np.uint8).reshape(1, -1), T.F32, out)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(out[0].view(np.uint16), floats.astype(np.float16).view(np.uint16))
+
+
+def test_emulator_traps_misaligned_loads(kernels):
+    raw = np.zeros(144 * 4 + 2, np.uint8)[2:].reshape(2, 288)  # q4_K rows 2 bytes off alignment
+    x, y = np.zeros((1, 512), np.float32), np.zeros((1, 2), np.float32)
+    with pytest.raises(EmulationError, match="misaligned 16-byte load"):
+        kernels.function("matvec", "matvec_q4_K")((1,), (128,), (raw, x, y, np.int32(512), np.int32(2)))
+
+
+def test_emulator_rejects_untyped_scalars(kernels):
+    x = np.zeros(4, np.float32)
+    with pytest.raises(EmulationError, match="launcher passed int"):
+        kernels.function("scale", "scale_f32")((1,), (32,), (x, x, 4, np.float32(2)))
+    with pytest.raises(EmulationError, match="takes 'f'"):
+        kernels.function("scale", "scale_f32")((1,), (32,), (x, x, np.int32(4), np.int32(2)))
+
+
+def test_emulator_rejects_launches_a_gpu_would(kernels):
+    x = np.zeros(4, np.float32)
+    with pytest.raises(EmulationError, match="invalid launch"):
+        kernels.function("scale", "scale_f32")((1,), (2048,), (x, x, np.int32(4), np.float32(2)))
+    with pytest.raises(EmulationError, match="no kernel"):
+        kernels.function("scale", "add_f32")
+
+
+def test_barriers_synchronize_threads(kernels):
+    # One row per block: the block sum reads the other warps' partial sums from shared memory
+    # after __syncthreads, which only adds up if the barrier really waits for all 8 warps.
+    x = np.random.default_rng(1).standard_normal((3, 4096)).astype(np.float32)
+    w, y = np.ones(4096, np.float32), np.empty_like(x)
+    kernels.function("rmsnorm", "rmsnorm_f32")((3,), (256,), (x, w, y, np.int32(4096), np.float32(0)))
+    np.testing.assert_allclose(y, x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True)), rtol=1e-5)
+
+
+# ------------------------------------------------------------------ kernel choice
+def test_long_prompts_take_the_gemm_paths(backend):
+    cpu, gpu = model_pair("tiny-gemma3-q8_0", backend)
+    ids = np.random.default_rng(3).integers(0, cpu.cfg.n_vocab, cuda_matmul.GEMM_MIN_TOKENS)
+    backend.k.launched.clear()
+    gpu.forward(gpu.new_context(64, "f16", "f16"), ids, all_logits=True)  # the LM head too
+    assert {"dequantize_q8_0", "softmax_lengths_f32", "get_rows_f16"} <= set(backend.k.launched)
+    assert not {"matvec_q8_0", "matvec_batch_q8_0", "attention_f16_f16"} & set(backend.k.launched)
+    backend.k.launched.clear()
+    gpu.forward(gpu.new_context(64, "f16", "f16"), ids[:cuda_attention.FUSED_MAX_TOKENS])
+    assert {"matvec_batch_q8_0", "matvec_q8_0", "attention_f16_f16"} <= set(backend.k.launched)  # the LM head: one token
+    assert not {"dequantize_q8_0", "softmax_lengths_f32"} & set(backend.k.launched)
+
+
+def test_quantized_weights_stay_quantized(backend):
+    raw = random_weights(np.random.default_rng(4), T.Q4_K, 8, 256)
+    w = backend.matrix(raw, T.Q4_K, matmul=True)
+    assert w.nbytes == raw.nbytes and w.raw.dtype == np.uint8 and w.raw.shape == raw.shape
+    assert backend.matrix(raw, T.Q4_K, matmul=False).nbytes == 0  # a lookup table: a row per token
+
+
+# ------------------------------------------------------------------ the benchmark's models
+@pytest.mark.parametrize("mix, types", [("q4_k_m", {T.F32, T.Q4_K, T.Q6_K}), ("q4_1", {T.F32, T.Q4_1, T.Q8_0})])
+def test_bench_models_load_and_run(backend, tmp_path, mix, types):
+    bench = load_bench()
+    spec = bench.Spec("tiny", 300, 256, 3, 4, 2, 512, 10000.0, tied=mix == "q4_1", mix=mix)
+    f = GGUFFile(bench.write_model(spec, tmp_path / "tiny.gguf"))
+    assert {t.ggml_type for t in f.tensors.values()} == types
+    cpu, gpu = Model(f, CPU), Model(f, backend)
+    ids = np.arange(5, dtype=np.int32) * 7
+    want = cpu.forward(cpu.new_context(16), ids, all_logits=True)
+    got = backend.to_host(gpu.forward(gpu.new_context(16), ids, all_logits=True))
+    assert np.all(np.isfinite(want)) and np.abs(want).max() > 1e-3
+    assert relative(got, want) < 2e-5
