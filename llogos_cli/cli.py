@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from llogos_cli import __version__
-from llogos_cli.cli_options import (cache_types, model_options, parse_token_list, read_prompt,
-                                    sampling_options, sampling_params)
+from llogos_cli.cli_options import (cache_types, chat_format, model_options, parse_token_list, read_prompt,
+                                    sampling_options, sampling_params, template_options)
+from llogos_cli.conversation import Message
 from llogos_cli.console import err, error
 from llogos_cli.engine import Generation, Session, StopCriteria
 from llogos_cli.errors import LlogosError
@@ -42,6 +43,9 @@ def cli():
 @click.option("--logprobs", type=click.IntRange(min=0), default=0,
               help="With --json: the top N log-probabilities of each step, before sampling.")
 @click.option("--stats", is_flag=True, help="Print llama.cpp-style timings to stderr.")
+@click.option("--chat", is_flag=True, help="Send the prompt as a user message through the model's chat template.")
+@template_options
+@click.option("--print-prompt", is_flag=True, help="With --chat: print the templated prompt and exit.")
 def generate(**o):
     """Continue a prompt and stream the continuation to stdout."""
     if o["tokens"] is not None and (o["prompt"] is not None or o["file"] is not None):
@@ -51,9 +55,20 @@ def generate(**o):
     text = None if o["tokens"] is not None else read_prompt(o["prompt"], o["file"])
     if text is None and o["tokens"] is None:
         raise LlogosError("no prompt: give -p TEXT, -f FILE or --tokens IDS, or pipe text on stdin")
+    if (o["chat_template"] or o["chat_template_file"] or o["print_prompt"]) and not o["chat"]:
+        raise LlogosError("--chat-template, --chat-template-file and --print-prompt go with --chat")
+    if o["chat"] and o["tokens"] is not None:
+        raise LlogosError("--chat wraps prompt text in the chat template; it cannot take --tokens")
     m = load(o["model_name"], o["backend"])
     tok = m.tokenizer
-    ids = parse_token_list(o["tokens"]) if o["tokens"] is not None else tok.encode(text)
+    chat = chat_format(o, m.file.meta, m.entry, tok) if o["chat"] else None
+    if chat:   # from here on the prompt is the templated text, BOS spelled out; --echo shows it too
+        text = chat.text([Message("user", text)])
+        if o["print_prompt"]:
+            sys.stdout.write(text)
+            return
+    ids = (parse_token_list(o["tokens"]) if o["tokens"] is not None
+           else tok.encode(text, add_bos=False if chat else None))
     bad = [i for i in ids if not 0 <= i < tok.n_vocab]
     if bad:
         raise LlogosError(f"token id {bad[0]} is out of range (the vocabulary has {tok.n_vocab} tokens)")
@@ -63,7 +78,8 @@ def generate(**o):
     params = sampling_params(o, m.entry.sampling if m.entry else {})
     session = Session(m.model, n_ctx, cache_types(o, m.model.b.name))
     gen = Generation(session, tok, ids, Sampler(params, n_ctx),
-                     StopCriteria(o["n_predict"], tuple(o["stop"]), o["ignore_eos"]),
+                     StopCriteria(o["n_predict"], tuple(o["stop"]) + (chat.stop_strings() if chat else ()),
+                                  o["ignore_eos"], chat.stop_ids() if chat else frozenset()),
                      n_logprobs=o["logprobs"], special=o["special"])
     session.check_fits(ids)
     out = sys.stdout
@@ -96,7 +112,7 @@ def generate(**o):
 
 
 def main() -> None:
-    from llogos_cli import cli_tools  # noqa: F401  (registers the remaining commands)
+    from llogos_cli import cli_chat, cli_tools  # noqa: F401  (register the remaining commands)
     try:
         code = cli.main(standalone_mode=False, prog_name="llogos")
     except click.ClickException as e:  # usage errors exit 2, as Click does

