@@ -57,6 +57,7 @@ class Session:
         self.ctx: Context = model.new_context(n_ctx, *cache_types)
         self.tokens: list[int] = []
         self.last_evaluated = 0   # tokens the last evaluate() actually ran through the model
+        self._decode = None       # the backend's one-token step for this context (a CUDA graph on GPU)
 
     @property
     def n_ctx(self) -> int:
@@ -65,15 +66,16 @@ class Session:
     def reset(self) -> None:
         self.ctx = self.model.new_context(self.n_ctx, *self.cache_types)
         self.tokens = []
+        self._decode = None
 
     def check_fits(self, ids: list[int]) -> None:
         if len(ids) > self.n_ctx:
             raise LlogosError(f"prompt has {len(ids)} tokens, more than the context size {self.n_ctx} "
                               f"(raise it with -c/--ctx-size)")
 
-    def evaluate(self, ids: list[int]) -> np.ndarray | None:
+    def evaluate(self, ids: list[int]):
         """Bring the context to hold exactly `ids`, reusing the longest common prefix already there.
-        Returns the logits after the last id (None if nothing new was evaluated)."""
+        Returns the logits after the last id, as a backend array (vocab,)."""
         self.check_fits(ids)
         keep = 0
         for a, b in zip(self.tokens, ids):
@@ -91,14 +93,17 @@ class Session:
             chunk = ids[start:start + PREFILL_BATCH]
             logits = self.model.forward(self.ctx, np.asarray(chunk, dtype=np.int32))
             self.tokens.extend(chunk)
-        return None if logits is None else self.model.b.to_host(logits)[-1]
+        return logits[-1]
 
-    def step(self, token_id: int) -> np.ndarray:
+    def step(self, token_id: int):
+        """Evaluate one token; its logits as a backend array (vocab,)."""
         if len(self.tokens) >= self.n_ctx:
             raise LlogosError("context is full")
-        logits = self.model.forward(self.ctx, np.asarray([token_id], dtype=np.int32))
+        if self._decode is None:
+            self._decode = self.model.b.decoder(self.model, self.ctx)
+        logits = self._decode(token_id)
         self.tokens.append(token_id)
-        return self.model.b.to_host(logits)[-1]
+        return logits[-1]
 
 
 class StopFilter:
@@ -157,8 +162,7 @@ class Generation:
         room = self.session.n_ctx - len(self.prompt)   # tokens that still fit in the context
         try:
             while (crit.n_predict < 0 or n < crit.n_predict) and n < room:
-                token_id = self.sampler.sample(logits)
-                lp = top_logprobs(logits, self.n_logprobs) if self.n_logprobs else None
+                token_id, lp = self._choose(logits)
                 n += 1
                 if token_id in crit.stop_ids or (token_id in tok.eog_ids and not crit.ignore_eos):
                     self.stop = "eos"
@@ -179,4 +183,13 @@ class Generation:
         finally:   # a consumer that stops early (chat's Ctrl-C) still gets the timings so far
             self.timings.predicted_n = n
             self.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
+
+    def _choose(self, logits) -> tuple[int, list | None]:
+        """The next token (and its top log-probabilities if asked). Plain greedy decoding takes the
+        argmax where the logits are, so on a GPU only the token id crosses to the host."""
+        b = self.session.model.b
+        if self.sampler.plain_greedy and not self.n_logprobs:
+            return b.argmax(logits), None
+        row = b.to_host(logits)
+        return self.sampler.sample(row), (top_logprobs(row, self.n_logprobs) if self.n_logprobs else None)
 

@@ -4,6 +4,7 @@ Family differences are flags in ModelConfig; tensors are looked up by their GGUF
 """
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,7 +128,10 @@ class Context:
 
     def restore(self, snap: tuple[int, list]) -> None:
         """Return to a snapshot, as often as wanted. Valid while the positions before it are unchanged:
-        evaluating on from an older snapshot invalidates newer ones."""
+        evaluating on from an older snapshot invalidates newer ones. The state is copied into the
+        arrays already in place, which a captured CUDA graph keeps reading."""
         self.n_past, state = snap
-        self.state = copy.deepcopy(state)
-
+        for current, saved in zip(self.state, state):
+            if current is not None:
+                for f in dataclasses.fields(current):
+                    getattr(current, f.name)[...] = getattr(saved, f.name)

@@ -58,6 +58,11 @@ class Sampler:
         self.window = n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
         self.history: list[int] = []
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no penalties: the token is the argmax of the raw logits."""
+        return self.params.greedy and not self.params.penalized
+
     def accept(self, token_id: int) -> None:
         """Record a prompt or generated token for the repetition penalties."""
         self.history.append(token_id)

@@ -44,6 +44,11 @@ class CudaBackend:
     def synchronize(self) -> None:
         self.k.synchronize()
 
+    def decoder(self, model, ctx):
+        """The one-token decode step for ctx, captured once in a CUDA graph and replayed after."""
+        from llogos_cli.backends.cuda_graph import DecodeGraph
+        return DecodeGraph(model, ctx).step
+
     def device_input(self, name: str, values: np.ndarray):
         """Host values in the device buffer kept under `name` (a new buffer only if the shape changed)."""
         held = self._inputs.get(name)

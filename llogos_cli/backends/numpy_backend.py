@@ -71,6 +71,10 @@ class NumpyBackend(RecurrentOps):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
+    def decoder(self, model, ctx):
+        """The one-token decode step for ctx: token id -> logits (1, n_vocab)."""
+        return lambda token: model.forward(ctx, np.array([token], np.int32))
+
     def synchronize(self) -> None:
         pass
 

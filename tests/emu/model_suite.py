@@ -88,3 +88,22 @@ def test_decode_graph_replays_eager_decoding(backend, name):
         got = backend.to_host(graph.step(int(ids[i])))
         np.testing.assert_array_equal(got, want)
         assert graph_ctx.n_past == eager_ctx.n_past == i + 1
+
+
+def test_engine_greedy_generation_matches_the_cpu_backend(backend):
+    """The engine's path on this backend: its decode step (a CUDA graph) and the argmax where the
+    logits are, so only token ids cross to the host."""
+    from llogos_cli.engine import Generation, Session, StopCriteria
+    from llogos_cli.sampling import Sampler, SamplingParams
+    from llogos_cli.tokenizer import Tokenizer
+
+    f = GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf"))
+    oracle = np.load(need(FIXTURES / "tiny-llama-q8_0.oracle.npz"))
+    runs = []
+    for b in (NumpyBackend(), backend):
+        session = Session(Model(f, b), 64, ("f32", "f32"))
+        gen = Generation(session, Tokenizer.from_gguf(f), oracle["greedy_prefix"].tolist(),
+                         Sampler(SamplingParams(temp=0.0), 64),
+                         StopCriteria(n_predict=len(oracle["greedy"]), ignore_eos=True))
+        runs.append([t.id for t in gen])
+    assert runs[0] == runs[1] == oracle["greedy"].tolist()
