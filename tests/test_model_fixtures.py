@@ -12,7 +12,7 @@ from llogos_cli.model import Model
 from tests.conftest import FIXTURES, need
 
 CASES = [("tiny-llama", "f32"), ("tiny-llama", "q8_0"), ("tiny-qwen2", "f32"), ("tiny-qwen2", "q8_0"),
-         ("tiny-qwen3", "f32"), ("tiny-gemma3", "f32")]
+         ("tiny-qwen3", "f32"), ("tiny-gemma3", "f32"), ("tiny-qwen35", "f32")]
 
 
 def load(name: str, quant: str) -> tuple[Model, dict]:
