@@ -18,7 +18,12 @@ from tests.test_chat_template import hf_render
 from tests.test_cli import assert_one_line_error, llogos
 
 QUESTION = "What is the capital of France?"
-TINY = str(FIXTURES / "tiny-llama-f32.gguf")
+
+
+@pytest.fixture
+def tiny() -> str:
+    """A model without a chat template."""
+    return str(need(FIXTURES / "tiny-llama-f32.gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -218,30 +223,31 @@ def test_generate_chat_stops_at_end_of_turn_and_never_prints_it(env, smollm_path
 
 
 @pytest.mark.parametrize("args,stdin,fragment", [
-    (("-m", TINY), "hi", "no chat template"),
-    (("-m", TINY, "--chat-template", "vicuna"), "hi", "unknown chat template 'vicuna'"),
-    (("-m", TINY, "--chat-template-file", "/nonexistent/t.jinja"), "hi", "cannot read chat template file"),
-    (("-m", TINY), "", "no message on stdin"),
-    (("-m", TINY, "--system", "a", "--system-file", "/dev/null"), "hi", "not both"),
-    (("-m", TINY, "-i", "--messages", "/dev/null"), "hi", "needs a terminal"),
+    ((), "hi", "no chat template"),
+    (("--chat-template", "vicuna"), "hi", "unknown chat template 'vicuna'"),
+    (("--chat-template-file", "/nonexistent/t.jinja"), "hi", "cannot read chat template file"),
+    ((), "", "no message on stdin"),
+    (("--system", "a", "--system-file", "/dev/null"), "hi", "not both"),
+    (("-i", "--messages", "/dev/null"), "hi", "needs a terminal"),
 ])
-def test_chat_input_errors(env, args, stdin, fragment):
-    assert_one_line_error(llogos(env, "chat", *args, stdin=stdin), fragment)
+def test_chat_input_errors(env, tiny, args, stdin, fragment):
+    assert_one_line_error(llogos(env, "chat", "-m", tiny, *args, stdin=stdin), fragment)
 
 
-def test_template_and_messages_errors(env, tmp_path):
+def test_template_and_messages_errors(env, tiny, tmp_path):
+    model = tiny
     template = tmp_path / "strict.jinja"
     template.write_text("{{ raise_exception('roles must alternate') }}")
-    assert_one_line_error(llogos(env, "chat", "-m", TINY, "--chat-template-file", str(template), stdin="hi"),
+    assert_one_line_error(llogos(env, "chat", "-m", model, "--chat-template-file", str(template), stdin="hi"),
                           "refused the conversation: roles must alternate")
     bad = tmp_path / "bad.json"
     bad.write_text('[{"role": "user", ')
-    assert_one_line_error(llogos(env, "chat", "-m", TINY, "--messages", str(bad), stdin=""), "not valid JSON")
+    assert_one_line_error(llogos(env, "chat", "-m", model, "--messages", str(bad), stdin=""), "not valid JSON")
     ended = tmp_path / "ended.json"
     ended.write_text(json.dumps([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]))
-    assert_one_line_error(llogos(env, "chat", "-m", TINY, "--chat-template", "chatml", "--messages", str(ended),
+    assert_one_line_error(llogos(env, "chat", "-m", model, "--chat-template", "chatml", "--messages", str(ended),
                                  stdin=""), "nothing to reply to")
-    assert_one_line_error(llogos(env, "generate", "-m", TINY, "-p", "x", "--print-prompt"), "go with --chat")
+    assert_one_line_error(llogos(env, "generate", "-m", model, "-p", "x", "--print-prompt"), "go with --chat")
 
 
 def test_model_toml_template_for_a_model_without_one(gemma_path):
