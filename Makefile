@@ -25,10 +25,10 @@ run: venv
 	$(LLOGOS) generate -m $(MODEL) -p "$(PROMPT)" -n 32 --temp 0 --stats
 
 test: models cuda-check
-	$(PY) -m pytest -q -rs --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
+	$(PY) -m pytest --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
 
 cuda-check: venv
-	$(PY) -m pytest -q -rs tests/test_cuda_compile.py tests/test_cuda_emulated.py
+	$(PY) -m pytest -q tests/test_cuda_compile.py tests/test_cuda_emulated.py
 
 bench: venv
 	$(PY) bench/bench_cpu.py

@@ -38,3 +38,8 @@ def smollm_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
     return model_path("gemma3-270m")
+
+
+def pytest_report_header(config):
+    state = "present" if FIXTURES.is_dir() and REFERENCE.is_dir() else "MISSING: tests that need it skip"
+    return f"llogos reference data: {SHARED} ({state})"
