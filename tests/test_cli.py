@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
 
-from tests.conftest import FIXTURES, need, reference
+from tests.conftest import FIXTURES, copy_gguf, need, reference
 
 PROMPT = "The capital of France is"
 
@@ -152,6 +152,21 @@ def test_unsupported_architecture_is_named(env, tmp_path):
     w.close()
     assert_one_line_error(llogos(env, "generate", "-m", str(path), "-p", "x"),
                           "unsupported architecture 'mamba2'", "llama, gemma3, qwen2, qwen3, qwen35")
+
+
+def test_unsupported_tensor_type_is_named(env, tmp_path):
+    raw = np.zeros((64, 2 * 18), np.uint8)  # 64 rows of two IQ4_NL blocks (32 weights in 18 bytes)
+    path = copy_gguf(need(FIXTURES / "tiny-llama-f32.gguf"), tmp_path / "iq4.gguf",
+                     tensors={"blk.0.attn_q.weight": (raw, GGMLQuantizationType.IQ4_NL)})
+    assert_one_line_error(llogos(env, "generate", "-m", str(path), "-p", "x"),
+                          "unsupported tensor type IQ4_NL for blk.0.attn_q.weight", "Q4_K")
+
+
+def test_copied_gguf_still_runs(env, tmp_path):
+    """The copy the test above starts from is itself a working model."""
+    path = copy_gguf(need(FIXTURES / "tiny-llama-f32.gguf"), tmp_path / "copy.gguf")
+    r = llogos(env, "generate", "-m", str(path), "-p", "a b", "-n", "3", "--temp", "0")
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("args,fragment", [

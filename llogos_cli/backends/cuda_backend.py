@@ -22,6 +22,7 @@ from llogos_cli.errors import LlogosError
 
 class CudaBackend:
     name = "cuda"
+    parallel_load = False  # uploads stay on the thread that owns the CUDA context and stream
 
     def __init__(self, kernels=None):
         if kernels is None:

@@ -55,6 +55,7 @@ def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
 
 class NumpyBackend(RecurrentOps):
     name = "cpu"
+    parallel_load = True   # weights may be prepared on several threads
 
     def __init__(self):
         self._rope_key = None
@@ -65,7 +66,6 @@ class NumpyBackend(RecurrentOps):
         return quants.dequantize(raw.reshape(1, -1), qtype).reshape(-1)
 
     def matrix(self, raw: np.ndarray, qtype: GGMLQuantizationType, matmul: bool) -> Matrix:
-        quants.check_supported(qtype, "matrix")
         return Matrix(raw, qtype, quants.dequantize(raw, qtype) if matmul else None)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:

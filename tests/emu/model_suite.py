@@ -63,9 +63,11 @@ def test_long_prompt(backend, cache):
     assert np.mean(got.argmax(1) == want.argmax(1)) > 0.9
 
 
-def test_greedy_generation_matches_the_oracle(backend):
-    oracle = np.load(need(FIXTURES / "tiny-llama-q8_0.oracle.npz"))
-    _, gpu = model_pair("tiny-llama-q8_0", backend)
+@pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-qwen2-f32", "tiny-gemma3-f32", "tiny-qwen35-f32"])
+def test_greedy_generation_matches_the_oracle(backend, name):
+    family, quant = name.rsplit("-", 1)
+    oracle = np.load(need(FIXTURES / (f"{family}.oracle.npz" if quant == "f32" else f"{name}.oracle.npz")))
+    _, gpu = model_pair(name, backend)
     ctx = gpu.new_context(64)
     logits = gpu.forward(ctx, oracle["greedy_prefix"].astype(np.int32))
     out = []
