@@ -88,7 +88,7 @@ def main():
     bound = bw * 1e3 / r["weight_mb"]
     print(f"## {args.model} on CPU, {date.today()}, {platform.processor() or platform.machine()}, "
           f"{Path('/proc/cpuinfo').read_text().count('processor')} threads\n")
-    print("| metric | llogos | target |")
+    print("| metric | llogos | target (SmolLM2-135M) |")
     print("|---|---|---|")
     print(f"| prefill pp128 | {r['pp128']:.0f} tok/s | >= 300 |")
     print(f"| decode tg64 | {r['tg64']:.1f} tok/s | >= 30 |")
