@@ -1,5 +1,6 @@
 // Rotary position embedding of x (T, H, D): the first `dims` features of each head turn by
-// pos[t] * freq_scale * base^(-2i/dims) in pairs; the rest are copied. Llama pairs adjacent
+// pos[t] * freq_scale * base^(-2i/dims) / factors[i] in pairs (factors: Llama 3's rope_freqs,
+// all ones for other models); the rest are copied. Llama pairs adjacent
 // features (2i, 2i+1) ("norm"); NeoX-style models (Qwen, Gemma) pair i with i + dims/2.
 //
 // One thread per pair. Angles are computed in double: at positions in the thousands a float
@@ -7,8 +8,8 @@
 #include "common.cuh"
 
 template <bool NEOX>
-__device__ void rope(const float* x, float* y, const int* pos, int T, int H, int D, int dims, float base,
-                     float freq_scale) {
+__device__ void rope(const float* x, float* y, const int* pos, const float* factors, int T, int H, int D,
+                     int dims, float base, float freq_scale) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     const int half = D / 2;
     if (i >= (i64)T * H * half) return;
@@ -22,7 +23,8 @@ __device__ void rope(const float* x, float* y, const int* pos, int T, int H, int
         return;
     }
     const int a = NEOX ? pair : 2 * pair, b = NEOX ? pair + dims / 2 : 2 * pair + 1;
-    const double angle = (double)pos[t] * ((double)freq_scale * pow((double)base, -(double)(2 * pair) / dims));
+    const double angle =
+        (double)pos[t] * ((double)freq_scale * pow((double)base, -(double)(2 * pair) / dims)) / factors[pair];
     const float c = (float)cos(angle), s = (float)sin(angle);
     const float xa = x[head + a], xb = x[head + b];
     y[head + a] = xa * c - xb * s;
@@ -30,11 +32,13 @@ __device__ void rope(const float* x, float* y, const int* pos, int T, int H, int
 }
 
 extern "C" __global__ void rope_norm_f32(const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos,
-                                         int T, int H, int D, int dims, float base, float freq_scale) {
-    rope<false>(x, y, pos, T, H, D, dims, base, freq_scale);
+                                         const float* __restrict__ factors, int T, int H, int D, int dims,
+                                         float base, float freq_scale) {
+    rope<false>(x, y, pos, factors, T, H, D, dims, base, freq_scale);
 }
 
 extern "C" __global__ void rope_neox_f32(const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos,
-                                         int T, int H, int D, int dims, float base, float freq_scale) {
-    rope<true>(x, y, pos, T, H, D, dims, base, freq_scale);
+                                         const float* __restrict__ factors, int T, int H, int D, int dims,
+                                         float base, float freq_scale) {
+    rope<true>(x, y, pos, factors, T, H, D, dims, base, freq_scale);
 }

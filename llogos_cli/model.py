@@ -92,8 +92,9 @@ class Model:
         if p + "attn_q_norm.weight" in w:
             q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)
             k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)
-        q = b.rope(q, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox)
-        k = b.rope(k, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox)
+        factors = w.get("rope_freqs.weight")              # (rope_dims / 2,) Llama 3.1+ long-context scaling
+        q = b.rope(q, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)
+        k = b.rope(k, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)
         b.kv_store(ctx.kv[il], k, v, ctx.n_past)
         o = b.attention(q, ctx.kv[il], ctx.n_past, c.attn_scale, c.window[il])  # (T, n_head, dv)
         if c.attn_gate:

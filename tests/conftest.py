@@ -31,24 +31,25 @@ def model_path(name: str) -> Path:
 
 
 def copy_gguf(src: Path, dst: Path, meta: dict | None = None, tensors: dict | None = None) -> Path:
-    """Write src's metadata and tensors to dst, with some metadata values and tensors replaced:
-    meta {key: value} (same value type), tensors {name: (uint8 raw bytes, GGML type)}."""
+    """Write src's metadata and tensors to dst, with metadata values and tensors replaced or added:
+    meta {key: value}, tensors {name: (array, GGML type or None for the array's own type)}."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    meta, tensors = dict(meta or {}), dict(tensors or {})
     reader = GGUFReader(src)
-    arch = (meta or {}).get("general.architecture") or reader.fields["general.architecture"].contents()
+    arch = meta.pop("general.architecture", None) or reader.fields["general.architecture"].contents()
     writer = GGUFWriter(dst, arch)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        value = (meta or {}).get(key, field.contents())
         sub = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(key, value, field.types[0], sub)
+        writer.add_key_value(key, meta.pop(key, field.contents()), field.types[0], sub)
+    for key, value in meta.items():
+        writer.add_key_value(key, value, GGUFValueType.get_type(value))
     for t in reader.tensors:
-        if t.name in (tensors or {}):
-            raw, qtype = tensors[t.name]
-            writer.add_tensor(t.name, raw, raw_dtype=qtype)
-        else:
-            writer.add_tensor(t.name, t.data)
+        data, qtype = tensors.pop(t.name, (t.data, None))
+        writer.add_tensor(t.name, data, raw_dtype=qtype)
+    for name, (data, qtype) in tensors.items():
+        writer.add_tensor(name, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -9,7 +9,7 @@ import pytest
 from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.gguf_file import GGUFFile
 from llogos_cli.model import Model
-from tests.conftest import FIXTURES, need
+from tests.conftest import FIXTURES, copy_gguf, need
 
 CASES = [("tiny-llama", "f32"), ("tiny-llama", "q8_0"), ("tiny-qwen2", "f32"), ("tiny-qwen2", "q8_0"),
          ("tiny-qwen3", "f32"), ("tiny-gemma3", "f32"), ("tiny-qwen35", "f32")]
@@ -75,3 +75,23 @@ def test_sliding_window_changes_gemma3_logits():
     logits = model.forward(model.new_context(64), oracle["ids"].astype(np.int32), all_logits=True)
     assert relative_error(logits[:8], oracle["logits"][:8]) < 1e-4
     assert relative_error(logits[8:], oracle["logits"][8:]) > 1e-2
+
+
+def test_rope_freqs_divide_each_pairs_frequency(tmp_path):
+    """Llama 3.1+ GGUFs carry rope_freqs.weight, one divisor per rotated pair. Dividing every
+    frequency by 2 is what linear rope scaling by 2 does, so the two files must agree."""
+    src = need(FIXTURES / "tiny-llama-f32.gguf")
+    ids = np.load(need(FIXTURES / "tiny-llama.oracle.npz"))["ids"].astype(np.int32)
+    plain = Model(GGUFFile(src), NumpyBackend())
+    half = plain.cfg.rope_dims // 2
+    with_factors = copy_gguf(src, tmp_path / "factors.gguf",
+                             tensors={"rope_freqs.weight": (np.full(half, 2.0, np.float32), None)})
+    scaled = copy_gguf(src, tmp_path / "linear.gguf",
+                       meta={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0})
+
+    def logits(model: Model) -> np.ndarray:
+        return model.forward(model.new_context(32), ids, all_logits=True)
+
+    by_factors = logits(Model(GGUFFile(with_factors), NumpyBackend()))
+    np.testing.assert_allclose(by_factors, logits(Model(GGUFFile(scaled), NumpyBackend())), rtol=1e-5, atol=1e-5)
+    assert relative_error(by_factors, logits(plain)) > 1e-3

@@ -2,12 +2,12 @@
 
 Every backend implements the same methods on its own array type (NumPy on CPU, CuPy on GPU):
 
-  loading     vector(raw) · matrix(raw, qtype, matmul) · to_host(x)
+  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · to_host(x) · decoder(model, ctx)
   embedding   embed(table, ids)
   arithmetic  matmul(x, w) · add(a, b) · mul(a, b) · scale(x, s) · sigmoid(x) · silu(x) · softplus(x)
   norms       rmsnorm(x, w, eps) · l2norm(x, eps)
-  positions   rope(x, pos, dims, base, freq_scale, neox)
-  attention   kv_cache(n_ctx, n_kv, dk, dv) · kv_store(cache, k, v, pos0)
+  positions   rope(x, pos, dims, base, freq_scale, neox, factors=None)
+  attention   kv_cache(n_ctx, n_kv, dk, dv, type_k, type_v) · kv_store(cache, k, v, pos0)
               attention(q, cache, pos0, scale, window)
   ffn         glu(gate, up, gelu)
   recurrence  zeros(shape) · ssm_conv(x, conv_state, w) · delta_net(q, k, v, g, beta, state)

@@ -31,6 +31,7 @@ class CudaBackend:
         self.k, self.xp = kernels, kernels.xp
         self._scratch = Scratch(self.xp)
         self._inputs: dict[str, tuple[np.ndarray, object]] = {}  # name -> (host copy, device buffer)
+        self._ones: dict[int, object] = {}                       # rope factors of models without any
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType):
@@ -106,10 +107,15 @@ class CudaBackend:
     def l2norm(self, x, eps: float):
         return cuda_ops.l2norm(self.k, self._c(x), eps)
 
-    def rope(self, x, pos: np.ndarray, dims: int, base: float, freq_scale: float, neox: bool):
-        """Rotate the first `dims` features of each head of x (T, H, D) by position."""
+    def rope(self, x, pos: np.ndarray, dims: int, base: float, freq_scale: float, neox: bool, factors=None):
+        """Rotate the first `dims` features of each head of x (T, H, D) by position, each pair's
+        frequency divided by its factor (Llama 3's rope_freqs; ones when the model has none)."""
         pos = self.device_input("pos", np.asarray(pos, np.int32))
-        return cuda_ops.rope(self.k, self._c(x), pos, dims, base, freq_scale, neox)
+        if factors is None:
+            factors = self._ones.get(dims // 2)
+            if factors is None:
+                factors = self._ones[dims // 2] = self.xp.ones(dims // 2, np.float32)
+        return cuda_ops.rope(self.k, self._c(x), pos, factors, dims, base, freq_scale, neox)
 
     def glu(self, gate, up, gelu: bool):
         return cuda_ops.glu(self.k, self._c(gate), self._c(up), gelu)

@@ -80,16 +80,19 @@ def l2norm(k, x, eps: float):
     return y
 
 
-def rope(k, x, pos, dims: int, base: float, freq_scale: float, neox: bool):
-    """Rotate the first `dims` features of each head of x (T, H, D) by the positions pos (device, T)."""
+def rope(k, x, pos, factors, dims: int, base: float, freq_scale: float, neox: bool):
+    """Rotate the first `dims` features of each head of x (T, H, D) by the positions pos (device, T);
+    pair i's frequency is divided by factors[i] (device, dims/2)."""
     check(x, np.float32, "x")
     check(pos, np.int32, "pos")
+    check(factors, np.float32, "factors")
     n_tok, n_head, head_dim = x.shape
     assert pos.shape == (n_tok,) and dims % 2 == 0 and dims <= head_dim and head_dim % 2 == 0
+    assert factors.shape == (dims // 2,)
     y = k.xp.empty_like(x)
     k.function("rope", "rope_neox_f32" if neox else "rope_norm_f32")(
         (cdiv(x.size // 2, _THREADS),), (_THREADS,),
-        (x, y, pos, np.int32(n_tok), np.int32(n_head), np.int32(head_dim), np.int32(dims),
+        (x, y, pos, factors, np.int32(n_tok), np.int32(n_head), np.int32(head_dim), np.int32(dims),
          np.float32(base), np.float32(freq_scale)))
     return y
 

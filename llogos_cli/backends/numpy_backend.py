@@ -108,9 +108,10 @@ class NumpyBackend(RecurrentOps):
         return x * (np.float32(1.0) / np.sqrt(np.maximum(ss, np.float32(eps * eps))))
 
     def rope(self, x: np.ndarray, pos: np.ndarray, dims: int, base: float, freq_scale: float,
-             neox: bool) -> np.ndarray:
-        """Rotate the first `dims` features of each head of x (T, H, D) by position."""
-        cos, sin = self._rope_table(pos, dims, base, freq_scale)       # (T, 1, dims/2)
+             neox: bool, factors: np.ndarray | None = None) -> np.ndarray:
+        """Rotate the first `dims` features of each head of x (T, H, D) by position. Pair i turns
+        by pos * freq_scale * base^(-2i/dims) / factors[i] (factors: Llama 3's rope_freqs)."""
+        cos, sin = self._rope_table(pos, dims, base, freq_scale, factors)   # (T, 1, dims/2)
         out = x.copy()
         half = dims // 2
         if neox:   # pairs (i, i + dims/2)
@@ -123,11 +124,13 @@ class NumpyBackend(RecurrentOps):
             out[..., 1:dims:2] = a * sin + b * cos
         return out
 
-    def _rope_table(self, pos: np.ndarray, dims: int, base: float, freq_scale: float):
+    def _rope_table(self, pos: np.ndarray, dims: int, base: float, freq_scale: float, factors):
         # Every layer of a forward pass rotates at the same positions: compute the table once.
-        key = (pos.tobytes(), dims, base, freq_scale)
+        key = (pos.tobytes(), dims, base, freq_scale, None if factors is None else factors.tobytes())
         if self._rope_key != key:
             inv_freq = freq_scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+            if factors is not None:
+                inv_freq = inv_freq / factors.astype(np.float64)
             angle = pos.astype(np.float64)[:, None] * inv_freq[None, :]
             self._rope_key = key
             self._rope_cos_sin = (np.cos(angle).astype(np.float32)[:, None, :],

@@ -139,6 +139,9 @@ def test_rope(backend, neox, dims):
     pos = np.array([0, 17, 4999], np.int32)
     got = backend.rope(backend.xp.asarray(x), pos, dims, 1e6, 0.25, neox)
     assert_close(host(backend, got), CPU.rope(x, pos, dims, 1e6, 0.25, neox), rtol=2e-6)
+    factors = rng.uniform(1.0, 8.0, dims // 2).astype(np.float32)  # Llama 3-style rope_freqs
+    got = backend.rope(backend.xp.asarray(x), pos, dims, 1e6, 0.25, neox, backend.xp.asarray(factors))
+    assert_close(host(backend, got), CPU.rope(x, pos, dims, 1e6, 0.25, neox, factors), rtol=2e-6)
 
 
 @pytest.mark.parametrize("gelu", [False, True])
