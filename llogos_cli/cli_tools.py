@@ -1,5 +1,6 @@
 """`llogos models | pull | info | tokenize | perplexity`: everything besides generating text."""
 
+import functools
 import json
 import sys
 from collections import Counter
@@ -11,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from llogos_cli.cli import cli
-from llogos_cli.cli_options import model_options, read_prompt
+from llogos_cli.cli_options import cache_types, model_options, read_prompt
 from llogos_cli.console import err
 from llogos_cli.config import ModelConfig
 from llogos_cli.errors import LlogosError
@@ -124,23 +125,25 @@ def tokenize(model, text, pieces, no_bos, no_parse_special):
               help="Text to score.")
 @click.option("--chunks", type=click.IntRange(min=0), default=0, help="Score at most this many chunks (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def perplexity_cmd(model_name, ctx_size, backend, cache_type_k, cache_type_v, file, chunks, as_json):
+def perplexity_cmd(file, chunks, as_json, **o):
     """Perplexity of a text file, as llama-perplexity computes it."""
     text = read_prompt(None, file)
-    m = load(model_name, backend)
-    n_ctx = 512 if ctx_size is None else m.n_ctx(ctx_size)
-    columns = (TextColumn("perplexity"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[ppl]}"))
-    with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task("chunks", total=None, ppl="")
-
-        def on_chunk(i, n, ppl):
-            progress.update(task, completed=i, total=n, ppl=f"ppl {ppl:.4f}")
-        result = perplexity(m.model, m.tokenizer, text, n_ctx, chunks, on_chunk)
+    m = load(o["model_name"], o["backend"])
+    n_ctx = 512 if o["ctx_size"] is None else m.n_ctx(o["ctx_size"])
+    run = functools.partial(perplexity, m.model, m.tokenizer, text, n_ctx, chunks,
+                            cache_types=cache_types(o, m.model.b.name))
+    if err.is_terminal:
+        columns = (TextColumn("perplexity"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[ppl]}"))
+        with Progress(*columns, console=err, transient=True) as progress:
+            task = progress.add_task("chunks", total=None, ppl="")
+            result = run(on_chunk=lambda i, n, ppl: progress.update(task, completed=i, total=n, ppl=f"ppl {ppl:.4f}"))
+    else:  # logs get llama-perplexity's running estimate: [1]15.2345,[2]14.9876,...
+        result = run(on_chunk=lambda i, n, ppl: err.out(f"[{i}]{ppl:.4f}", end="," if i < n else "\n"))
     if as_json:
         click.echo(json.dumps(result.as_dict()))
     else:
         click.echo(f"PPL = {result.ppl:.4f} +/- {result.ppl_stderr:.5f} "
-                  f"({result.n_chunks} chunks of {n_ctx} tokens, {result.scored_tokens} scored)")
+                   f"({result.n_chunks} chunks of {n_ctx} tokens, {result.scored_tokens} scored)")
 
 
 def _elements(shape) -> int:

@@ -32,7 +32,8 @@ class PerplexityResult:
 
 
 def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: int = 0,
-               on_chunk: Callable[[int, int, float], None] = lambda i, n, ppl: None) -> PerplexityResult:
+               on_chunk: Callable[[int, int, float], None] = lambda i, n, ppl: None,
+               cache_types: tuple[str, str] = ("f32", "f32")) -> PerplexityResult:
     tokens = tok.encode(text, parse_special=False)
     if n_ctx < 4:
         raise LlogosError("perplexity needs a context of at least 4 tokens")
@@ -49,7 +50,7 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
         chunk = np.asarray(tokens[i * n_ctx:(i + 1) * n_ctx], dtype=np.int32)
         if tok.add_bos:
             chunk[0] = tok.bos_id
-        ctx = model.new_context(n_ctx)
+        ctx = model.new_context(n_ctx, *cache_types)
         logits = model.b.to_host(model.forward(ctx, chunk, all_logits=True))[first:n_ctx - 1]
         nlls = -token_logprobs(logits, chunk[first + 1:])                  # (n_ctx - 1 - first,)
         nll += float(nlls.sum())

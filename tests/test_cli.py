@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from tests.conftest import FIXTURES, copy_gguf, need, reference
+from tests.conftest import FIXTURES, REFERENCE, copy_gguf, need, reference
 
 PROMPT = "The capital of France is"
 
@@ -205,3 +205,15 @@ def test_models_and_info(env, smollm_path):
     assert r.returncode == 0, r.stderr
     for fact in ("llama", "49152", "Q4_1", "smollm"):
         assert fact in r.stdout
+
+
+def test_perplexity_command(env):
+    model, text = str(need(FIXTURES / "tiny-llama-f32.gguf")), str(need(REFERENCE / "ppl.txt"))
+    r = llogos(env, "perplexity", "-m", model, "-f", text, "-c", "32", "--chunks", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["n_ctx"] == 32 and result["n_chunks"] == 2 and result["scored_tokens"] == 2 * (32 - 1 - 16)
+    assert result["ppl"] > 1 and result["ppl_stderr"] > 0
+    assert r.stderr.startswith("[1]") and f"[2]{result['ppl']:.4f}" in r.stderr
+    r = llogos(env, "perplexity", "-m", model, "-f", text, "-c", "4096")
+    assert_one_line_error(r, "needs at least 8192")
