@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llogos_cli.conversation import ChatFormat, Message, fit
+from llogos_cli.conversation import ChatFormat, Message, fit, with_system
 from llogos_cli.console import warn
 from llogos_cli.engine import Generation, Session, StopCriteria, Timings
 from llogos_cli.errors import LlogosError
@@ -50,8 +50,7 @@ class Chat:
         return self.messages[0].content if self.messages and self.messages[0].role == "system" else None
 
     def set_system(self, text: str) -> None:
-        rest = self.messages[1:] if self.system is not None else self.messages
-        self.messages = [Message("system", text), *rest]
+        self.messages = with_system(self.messages, text)
 
     def clear(self) -> None:
         """A new conversation under the same system prompt; its tokens stay cached for the next turn."""

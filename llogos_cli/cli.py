@@ -16,7 +16,7 @@ from llogos_cli.conversation import Message
 from llogos_cli.console import err, error
 from llogos_cli.engine import Generation, Session, StopCriteria
 from llogos_cli.errors import LlogosError
-from llogos_cli.loader import load
+from llogos_cli.loader import load, open_model
 from llogos_cli.report import print_stats
 from llogos_cli.sampling import Sampler
 
@@ -59,9 +59,10 @@ def generate(**o):
         raise LlogosError("--chat-template, --chat-template-file and --print-prompt go with --chat")
     if o["chat"] and o["tokens"] is not None:
         raise LlogosError("--chat wraps prompt text in the chat template; it cannot take --tokens")
-    m = load(o["model_name"], o["backend"])
-    tok = m.tokenizer
-    chat = chat_format(o, m.file.meta, m.entry, tok) if o["chat"] else None
+    mf = open_model(o["model_name"])
+    tok = mf.tokenizer
+    params = sampling_params(o, mf.sampling_defaults)
+    chat = chat_format(o, mf.file.meta, mf.entry, tok) if o["chat"] else None
     if chat:   # from here on the prompt is the templated text, BOS spelled out; --echo shows it too
         text = chat.text([Message("user", text)])
         if o["print_prompt"]:
@@ -74,14 +75,16 @@ def generate(**o):
         raise LlogosError(f"token id {bad[0]} is out of range (the vocabulary has {tok.n_vocab} tokens)")
     if not ids:
         raise LlogosError("the prompt is empty after tokenization")
-    n_ctx = m.n_ctx(o["ctx_size"])
-    params = sampling_params(o, m.entry.sampling if m.entry else {})
-    session = Session(m.model, n_ctx, cache_types(o, m.model.b.name))
+    n_ctx = mf.n_ctx(o["ctx_size"])
+    if len(ids) > n_ctx:
+        raise LlogosError(f"prompt has {len(ids)} tokens, more than the context size {n_ctx} "
+                          f"(raise it with -c/--ctx-size)")
+    m = load(mf, o["backend"])
+    session = Session(m.model, n_ctx, cache_types(o))
     gen = Generation(session, tok, ids, Sampler(params, n_ctx),
                      StopCriteria(o["n_predict"], tuple(o["stop"]) + (chat.stop_strings() if chat else ()),
                                   o["ignore_eos"], chat.stop_ids() if chat else frozenset()),
                      n_logprobs=o["logprobs"], special=o["special"])
-    session.check_fits(ids)
     out = sys.stdout
     if o["echo"] and not o["as_json"]:
         out.write(text if text is not None else tok.decode(ids, special=o["special"]))
@@ -108,13 +111,16 @@ def generate(**o):
             err.print(f"[dim]stopped: the context of {session.n_ctx} tokens is full[/dim]")
     out.flush()
     if o["stats"]:
-        print_stats(m, gen.timings, session, None if params.greedy else gen.sampler.seed)
+        print_stats(m, gen.timings, None if params.greedy else gen.sampler.seed)
 
 
 def main() -> None:
     from llogos_cli import cli_chat, cli_tools  # noqa: F401  (register the remaining commands)
     try:
         code = cli.main(standalone_mode=False, prog_name="llogos")
+    except click.exceptions.NoArgsIsHelpError as e:  # bare `llogos`: the help, not an error
+        click.echo(e.ctx.get_help(), err=True)
+        code = e.exit_code
     except click.ClickException as e:  # usage errors exit 2, as Click does
         error(e.format_message())
         code = e.exit_code
@@ -122,6 +128,9 @@ def main() -> None:
         code = 130
     except LlogosError as e:
         error(str(e))
+        code = 1
+    except MemoryError:  # NumPy's and CuPy's out-of-memory errors are both MemoryErrors
+        error("out of memory: try a smaller -c/--ctx-size or a smaller model")
         code = 1
     except KeyboardInterrupt:
         err.print("\n[dim]interrupted[/dim]")

@@ -7,8 +7,8 @@ import click
 
 from llogos_cli.chat import Chat
 from llogos_cli.cli import cli
-from llogos_cli.cli_options import (cache_types, chat_format, model_options, read_prompt, sampling_options,
-                                    sampling_params, template_options)
+from llogos_cli.cli_options import (cache_types, chat_format, drop_newline, model_options, read_prompt,
+                                    sampling_options, sampling_params, template_options)
 from llogos_cli.console import err, notice
 from llogos_cli.conversation import Message, read_messages, with_system
 from llogos_cli.engine import Session
@@ -16,7 +16,6 @@ from llogos_cli.errors import LlogosError
 from llogos_cli.loader import load, open_model
 from llogos_cli.repl import Repl, stream
 from llogos_cli.sampling import Sampler
-from llogos_cli.tokenizer import Tokenizer
 
 _FILE = click.Path(path_type=Path, dir_okay=False)
 
@@ -51,24 +50,23 @@ def chat(**o):
     interactive = sys.stdin.isatty() and (o["messages"] is None or o["interactive"])
     if not interactive:
         messages += _piped_message(required=o["messages"] is None)
+    if o["print_prompt"] and (interactive or not messages):
+        raise LlogosError("--print-prompt needs a conversation: --messages FILE or a message on stdin")
+    mf = open_model(o["model_name"])
+    fmt = chat_format(o, mf.file.meta, mf.entry, mf.tokenizer)
     if o["print_prompt"]:
-        if interactive or not messages:
-            raise LlogosError("--print-prompt needs a conversation: --messages FILE or a message on stdin")
-        _, entry, f = open_model(o["model_name"])
-        sys.stdout.write(chat_format(o, f.meta, entry, Tokenizer.from_gguf(f)).text(messages))
+        sys.stdout.write(fmt.text(messages))
         sys.stdout.flush()
         return
-
-    m = load(o["model_name"], o["backend"])
-    fmt = chat_format(o, m.file.meta, m.entry, m.tokenizer)
-    n_ctx = m.n_ctx(o["ctx_size"])
-    session = Session(m.model, n_ctx, cache_types(o, m.model.b.name))
-    sampler = Sampler(sampling_params(o, m.entry.sampling if m.entry else {}), n_ctx)
+    n_ctx = mf.n_ctx(o["ctx_size"])
+    sampler = Sampler(sampling_params(o, mf.sampling_defaults), n_ctx)
+    m = load(mf, o["backend"])
+    session = Session(m.model, n_ctx, cache_types(o))
     conversation = Chat(fmt, session, sampler, o["n_predict"], messages)
     if interactive:
         if o["simple_io"]:
             err.no_color = True
-        name = m.entry.name if m.entry else m.path.name
+        name = mf.entry.name if mf.entry else mf.path.name
         notice(f"chatting with {name} (template: {fmt.template.origin}); /help for commands, Ctrl-D to leave")
         Repl(conversation, o["simple_io"], o["stats"]).run()
         return
@@ -79,10 +77,8 @@ def chat(**o):
 
 
 def _piped_message(required: bool) -> list[Message]:
-    """The user message piped on stdin (one trailing newline dropped), if any."""
-    text = "" if sys.stdin.isatty() else sys.stdin.read()
-    if text.endswith("\n"):
-        text = text[:-1]
+    """The user message piped on stdin (one trailing newline dropped, as for prompts), if any."""
+    text = "" if sys.stdin.isatty() else drop_newline(sys.stdin.read())
     if text.strip():
         return [Message("user", text)]
     if required:

@@ -6,8 +6,7 @@ from pathlib import Path
 import click
 
 from llogos_cli import chat_template
-from llogos_cli.backends import BACKENDS
-from llogos_cli.backends.numpy_backend import CACHE_TYPES
+from llogos_cli.backends import BACKENDS, CACHE_TYPES
 from llogos_cli.conversation import ChatFormat
 from llogos_cli.errors import LlogosError
 from llogos_cli.registry import ModelEntry
@@ -31,7 +30,7 @@ _SAMPLING = [
 _MODEL = [
     click.option("-m", "--model", "model_name", metavar="NAME|PATH",
                  help="A name from models.toml or a path to a .gguf file. [default: models.toml's default]"),
-    click.option("-c", "--ctx-size", type=int, help="Context size in tokens; 0 = the model's trained context. "
+    click.option("-c", "--ctx-size", type=click.IntRange(min=0), help="Context size in tokens; 0 = the model's trained context. "
                  "[default: trained context, at most 4096]"),
     click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
                  help="Where to run: cpu (NumPy), cuda (CuPy), auto (cuda when a GPU is visible)."),
@@ -75,9 +74,9 @@ def sampling_params(opts: dict, model_defaults: dict) -> SamplingParams:
         raise LlogosError(f"bad sampling default in models.toml: {e}") from None
 
 
-def cache_types(opts: dict, backend_name: str) -> tuple[str, str]:
-    default = "f32" if backend_name == "cpu" else "f16"
-    return opts.get("cache_type_k") or default, opts.get("cache_type_v") or default
+def cache_types(opts: dict) -> tuple[str | None, str | None]:
+    """--cache-type-k/-v; None leaves the choice to the backend."""
+    return opts.get("cache_type_k"), opts.get("cache_type_v")
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str | None:
@@ -90,16 +89,16 @@ def read_prompt(prompt: str | None, file: Path | None) -> str | None:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise LlogosError(f"cannot read prompt file {file}: {e}") from None
-        return _drop_newline(text)
+        return drop_newline(text)
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
         text = sys.stdin.read()
         if not text.strip():
             raise LlogosError("the prompt on stdin is empty")
-        return _drop_newline(text)
+        return drop_newline(text)
     return prompt
 
 
-def _drop_newline(text: str) -> str:
+def drop_newline(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 

@@ -2,7 +2,7 @@
 
 import functools
 import json
-import sys
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +14,6 @@ from rich.table import Table
 from llogos_cli.cli import cli
 from llogos_cli.cli_options import cache_types, model_options, read_prompt
 from llogos_cli.console import err
-from llogos_cli.config import ModelConfig
 from llogos_cli.errors import LlogosError
 from llogos_cli.loader import load, open_model
 from llogos_cli.perplexity import perplexity
@@ -59,10 +58,9 @@ def pull(names, force):
 @click.argument("model", required=False)
 def info(model):
     """Architecture, sizes, tensor types and tokenizer facts of MODEL."""
-    path, _, f = open_model(model)
-    cfg = ModelConfig.from_gguf(f)
-    tok = Tokenizer.from_gguf(f)
-    n_params = sum(_elements(t.shape) for t in f.tensors.values())
+    mf = open_model(model)
+    path, f, cfg, tok = mf.path, mf.file, mf.cfg, mf.tokenizer
+    n_params = sum(math.prod(t.shape) for t in f.tensors.values())
     rows = [("file", str(path)), ("size", f"{f.size / 1e6:.1f} MB"),
             ("name", str(f.meta.get("general.name", "?"))), ("architecture", cfg.arch),
             ("parameters", f"{n_params / 1e6:.1f} M"), ("trained context", str(cfg.n_ctx_train)),
@@ -78,11 +76,9 @@ def info(model):
     if cfg.ssm:
         pattern = "".join("R" if r else "A" for r in cfg.recurrent)
         s = cfg.ssm
-        state = s.n_v_heads * s.head_k_dim * s.head_v_dim + (s.conv_kernel - 1) * (
-            2 * s.n_k_heads * s.head_k_dim + s.n_v_heads * s.head_v_dim)
         rows += [("hybrid layers", f"{pattern} (R Gated DeltaNet, A attention)"),
-                 ("recurrent state", f"{state} floats per layer ({s.n_v_heads} value heads of "
-                                     f"{s.head_k_dim}x{s.head_v_dim}, conv width {s.conv_kernel})")]
+                 ("recurrent state", f"{s.state_floats} floats per layer ({s.n_v_heads} value heads of "
+                                     f"{s.head_v_dim}x{s.head_k_dim}, conv width {s.conv_kernel})")]
     types = Counter(t.type_name for t in f.tensors.values())
     rows.append(("tensor types", ", ".join(f"{k} {v}" for k, v in types.most_common())))
     rows += [("tokenizer", f"{f.meta.get('tokenizer.ggml.model')} (pre: {f.meta.get('tokenizer.ggml.pre', '-')}), "
@@ -108,9 +104,8 @@ def info(model):
 def tokenize(model, text, pieces, no_bos, no_parse_special):
     """Print the token ids of TEXT ('-' reads stdin) under MODEL's tokenizer."""
     if text == "-":
-        text = sys.stdin.read()
-    _, _, f = open_model(model)
-    tok = Tokenizer.from_gguf(f)
+        text = read_prompt("-", None)
+    tok = open_model(model).tokenizer
     ids = tok.encode(text, add_bos=False if no_bos else None, parse_special=not no_parse_special)
     if pieces:
         for i in ids:
@@ -128,10 +123,11 @@ def tokenize(model, text, pieces, no_bos, no_parse_special):
 def perplexity_cmd(file, chunks, as_json, **o):
     """Perplexity of a text file, as llama-perplexity computes it."""
     text = read_prompt(None, file)
-    m = load(o["model_name"], o["backend"])
-    n_ctx = 512 if o["ctx_size"] is None else m.n_ctx(o["ctx_size"])
+    mf = open_model(o["model_name"])
+    n_ctx = 512 if o["ctx_size"] is None else mf.n_ctx(o["ctx_size"])
+    m = load(mf, o["backend"])
     run = functools.partial(perplexity, m.model, m.tokenizer, text, n_ctx, chunks,
-                            cache_types=cache_types(o, m.model.b.name))
+                            cache_types=cache_types(o))
     if err.is_terminal:
         columns = (TextColumn("perplexity"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[ppl]}"))
         with Progress(*columns, console=err, transient=True) as progress:
@@ -144,13 +140,6 @@ def perplexity_cmd(file, chunks, as_json, **o):
     else:
         click.echo(f"PPL = {result.ppl:.4f} +/- {result.ppl_stderr:.5f} "
                    f"({result.n_chunks} chunks of {n_ctx} tokens, {result.scored_tokens} scored)")
-
-
-def _elements(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _show(tok: Tokenizer, token_id: int | None) -> str:

@@ -12,6 +12,7 @@ SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "qwen35")
 _NEOX_ROPE = {"gemma3", "qwen2", "qwen3", "qwen35"}  # half-split pairs; llama pairs adjacent dims
 _GELU_FFN = {"gemma3"}                               # GeGLU (tanh GELU); the rest use SwiGLU
 _POST_NORMS = {"gemma3"}                             # norms on each sublayer's output
+_QK_NORM = {"gemma3", "qwen3", "qwen35"}             # per-head RMSNorm of queries and keys
 _GEMMA3_SWA_PERIOD = 6                               # every 6th gemma3 layer is global
 
 
@@ -23,6 +24,16 @@ class SSMConfig:
     n_k_heads: int     # ssm.group_count
     n_v_heads: int     # ssm.time_step_rank
     head_v_dim: int    # ssm.inner_size / n_v_heads
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels through the convolution: queries, keys and values side by side."""
+        return 2 * self.n_k_heads * self.head_k_dim + self.n_v_heads * self.head_v_dim
+
+    @property
+    def state_floats(self) -> int:
+        """Recurrent state per layer: the delta-rule matrices and the convolution's last inputs."""
+        return self.n_v_heads * self.head_v_dim * self.head_k_dim + (self.conv_kernel - 1) * self.conv_channels
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +59,7 @@ class ModelConfig:
     attn_scale: float
     gelu_ffn: bool
     post_norms: bool
+    qk_norm: bool
     attn_gate: bool                   # attention output gated by sigmoid(part of attn_q)
     ffn_norm: str                     # tensor holding the pre-FFN norm
     output: str                       # LM head tensor (token_embd when tied)
@@ -71,7 +83,10 @@ class ModelConfig:
         if not n_vocab and "token_embd.weight" in f.tensors:
             n_vocab = f.tensors["token_embd.weight"].shape[0]
         base = float(key("rope.freq_base", 10000.0))
-        scale = 1.0 / float(key("rope.scaling.factor", 1.0)) if key("rope.scaling.type", "none") == "linear" else 1.0
+        scaling = key("rope.scaling.type", "none")
+        if scaling not in ("none", "linear"):
+            raise LlogosError(f"{f.path}: unsupported rope scaling '{scaling}' (supported: none, linear)")
+        scale = 1.0 / float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
 
         window, rope_base, freq_scale = [0] * n_layer, [base] * n_layer, [scale] * n_layer
         n_swa = int(key("attention.sliding_window", 0))
@@ -108,7 +123,8 @@ class ModelConfig:
             rope_base=tuple(rope_base), rope_freq_scale=tuple(freq_scale), window=tuple(window),
             recurrent=tuple(recurrent),
             embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0, attn_scale=attn_scale,
-            gelu_ffn=arch in _GELU_FFN, post_norms=arch in _POST_NORMS, attn_gate=arch == "qwen35",
+            gelu_ffn=arch in _GELU_FFN, post_norms=arch in _POST_NORMS, qk_norm=arch in _QK_NORM,
+            attn_gate=arch == "qwen35",
             ffn_norm="post_attention_norm" if arch == "qwen35" else "ffn_norm",
             output="output.weight" if "output.weight" in f.tensors else "token_embd.weight",
             ssm=ssm,
@@ -124,6 +140,23 @@ class ModelConfig:
         if len(self.recurrent) != self.n_layer:
             raise LlogosError(f"{f.path}: recurrent layer pattern has {len(self.recurrent)} entries "
                               f"for {self.n_layer} layers")
-        for name in ("token_embd.weight", "output_norm.weight"):
-            if name not in f.tensors:
-                raise LlogosError(f"{f.path}: tensor {name} is missing")
+        missing = [name for name in self.tensor_names() if name not in f.tensors]
+        if missing:
+            raise LlogosError(f"{f.path}: tensor {missing[0]} is missing"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+
+    def tensor_names(self) -> list[str]:
+        """Every tensor the forward pass reads (biases and rope_freqs are optional)."""
+        names = ["token_embd.weight", "output_norm.weight", self.output]
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            layer = ["attn_norm", self.ffn_norm, "ffn_gate", "ffn_up", "ffn_down"]
+            layer += ["post_attention_norm", "post_ffw_norm"] if self.post_norms else []
+            if self.recurrent[il]:
+                layer += ["attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_conv1d", "ssm_norm", "ssm_out"]
+                names += [p + "ssm_a", p + "ssm_dt.bias"]
+            else:
+                layer += ["attn_q", "attn_k", "attn_v", "attn_output"]
+                layer += ["attn_q_norm", "attn_k_norm"] if self.qk_norm else []
+            names += [p + n + ".weight" for n in layer]
+        return names

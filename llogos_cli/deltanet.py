@@ -19,8 +19,7 @@ class DeltaState:
 
 def new_state(b, cfg: ModelConfig) -> DeltaState:
     s = cfg.ssm
-    channels = 2 * s.n_k_heads * s.head_k_dim + s.n_v_heads * s.head_v_dim
-    return DeltaState(b.zeros((s.conv_kernel - 1, channels)), b.zeros((s.n_v_heads, s.head_v_dim, s.head_k_dim)))
+    return DeltaState(b.zeros((s.conv_kernel - 1, s.conv_channels)), b.zeros((s.n_v_heads, s.head_v_dim, s.head_k_dim)))
 
 
 def block(b, cfg: ModelConfig, w: dict, p: str, x, state: DeltaState):

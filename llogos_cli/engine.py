@@ -51,32 +51,31 @@ def _rate(n: int, ms: float) -> float:
 class Session:
     """A model context plus the tokens it holds, so later calls only evaluate what is new."""
 
-    def __init__(self, model: Model, n_ctx: int, cache_types: tuple[str, str] = ("f32", "f32")):
+    def __init__(self, model: Model, n_ctx: int, cache_types: tuple[str | None, str | None] = (None, None)):
         self.model = model
         self.cache_types = cache_types
         self.ctx: Context = model.new_context(n_ctx, *cache_types)
         self.tokens: list[int] = []
         self.last_evaluated = 0   # tokens the last evaluate() actually ran through the model
         self._decode = None       # the backend's one-token step for this context (a CUDA graph on GPU)
+        self._mark = None         # (position, Context.snapshot()) to resume recurrent state from
 
     @property
     def n_ctx(self) -> int:
         return self.ctx.n_ctx
 
     def reset(self) -> None:
-        self.ctx = self.model.new_context(self.n_ctx, *self.cache_types)
+        n_ctx, self.ctx = self.n_ctx, None   # let the old cache go before the new one is allocated
+        self.ctx = self.model.new_context(n_ctx, *self.cache_types)
         self.tokens = []
-        self._decode = None
-
-    def check_fits(self, ids: list[int]) -> None:
-        if len(ids) > self.n_ctx:
-            raise LlogosError(f"prompt has {len(ids)} tokens, more than the context size {self.n_ctx} "
-                              f"(raise it with -c/--ctx-size)")
+        self._decode = self._mark = None
 
     def evaluate(self, ids: list[int]):
         """Bring the context to hold exactly `ids`, reusing the longest common prefix already there.
         Returns the logits after the last id, as a backend array (vocab,)."""
-        self.check_fits(ids)
+        if len(ids) > self.n_ctx:
+            raise LlogosError(f"prompt has {len(ids)} tokens, more than the context size {self.n_ctx} "
+                              f"(raise it with -c/--ctx-size)")
         keep = 0
         for a, b in zip(self.tokens, ids):
             if a != b:
@@ -84,15 +83,27 @@ class Session:
             keep += 1
         keep = min(keep, len(ids) - 1)   # always evaluate at least one token to get its logits
         if keep < len(self.tokens) and not self.ctx.rewind(keep):
-            self.reset()
-            keep = 0
+            if self._mark is not None and self._mark[0] <= keep:
+                self.ctx.restore(self._mark[1])
+                keep = self._mark[0]
+            else:
+                self.reset()
+                keep = 0
         self.tokens = self.tokens[:keep]
         self.last_evaluated = len(ids) - keep
-        logits = None
-        for start in range(keep, len(ids), PREFILL_BATCH):
-            chunk = ids[start:start + PREFILL_BATCH]
-            logits = self.model.forward(self.ctx, np.asarray(chunk, dtype=np.int32))
-            self.tokens.extend(chunk)
+        logits, start = None, keep
+        while start < len(ids):
+            end = min(start + PREFILL_BATCH, len(ids))
+            if self.ctx.recurrent:
+                # Recurrent state cannot step back, so mark it before the prompt's last token: a
+                # regenerated reply, or a next turn that renders this reply differently, resumes there.
+                if start == len(ids) - 1:
+                    self._mark = (start, self.ctx.snapshot())
+                elif end == len(ids):
+                    end -= 1
+            logits = self.model.forward(self.ctx, np.asarray(ids[start:end], dtype=np.int32))
+            self.tokens.extend(ids[start:end])
+            start = end
         return logits[-1]
 
     def step(self, token_id: int):
@@ -156,13 +167,15 @@ class Generation:
         self.timings.prompt_n = self.session.last_evaluated
         self.timings.prompt_ms = (time.perf_counter() - t0) * 1e3
         decoder, stops = StreamDecoder(tok, self.special), StopFilter(crit.stop_strings)
-        t0 = time.perf_counter()
+        busy = 0.0   # time spent sampling and decoding, not in the consumer's hands between tokens
         n = 0
         self.stop = "limit"
         room = self.session.n_ctx - len(self.prompt)   # tokens that still fit in the context
         try:
             while (crit.n_predict < 0 or n < crit.n_predict) and n < room:
+                t0 = time.perf_counter()
                 token_id, lp = self._choose(logits)
+                busy += time.perf_counter() - t0
                 n += 1
                 if token_id in crit.stop_ids or (token_id in tok.eog_ids and not crit.ignore_eos):
                     self.stop = "eos"
@@ -175,14 +188,16 @@ class Generation:
                     break
                 yield Token(token_id, text, lp)
                 if (crit.n_predict < 0 or n < crit.n_predict) and n < room:   # its logits will be needed
+                    t0 = time.perf_counter()
                     logits = self.session.step(token_id)
+                    busy += time.perf_counter() - t0
                     self.timings.eval_runs += 1
             self.context_full = self.stop == "limit" and n >= room
             if self.stop != "stop-string":
                 self.tail = stops.push(decoder.flush()) + stops.flush()
         finally:   # a consumer that stops early (chat's Ctrl-C) still gets the timings so far
             self.timings.predicted_n = n
-            self.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
+            self.timings.predicted_ms = busy * 1e3
 
     def _choose(self, logits) -> tuple[int, list | None]:
         """The next token (and its top log-probabilities if asked). Plain greedy decoding takes the

@@ -16,7 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 
 from llogos_cli.errors import LlogosError
-from llogos_cli.paths import cache_dir
+from llogos_cli.paths import optional_cache_dir
 
 _PROBE_BYTES = 1 << 20
 _CACHE_VERSION = 1
@@ -70,13 +70,16 @@ class GGUFFile:
         return self._data[t.offset:t.offset + t.nbytes].reshape(rows, t.nbytes // rows)
 
 
-def _cache_path(size: int, head: bytes) -> Path:
+def _cache_path(size: int, head: bytes) -> Path | None:
+    folder = optional_cache_dir("gguf")
     probe = hashlib.sha256(size.to_bytes(8, "little") + head).hexdigest()
-    return cache_dir("gguf") / f"{probe[:32]}.json"
+    return folder / f"{probe[:32]}.json" if folder else None
 
 
 def _load_cached_header(path: Path, size: int, head: bytes) -> dict | None:
     cached = _cache_path(size, head)
+    if cached is None:
+        return None
     try:
         header = json.loads(cached.read_text())
         if header.get("version") != _CACHE_VERSION:
@@ -104,6 +107,8 @@ def _parse_header(path: Path, size: int, head: bytes) -> dict:
     header = {"version": _CACHE_VERSION, "header_len": header_len, "header_sha256": header_sha256,
               "meta": meta, "tensors": tensors}
     target = _cache_path(size, head)
+    if target is None:
+        return header
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(header))

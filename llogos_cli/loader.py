@@ -1,10 +1,15 @@
-"""From a -m value to a ready model and tokenizer on the chosen backend."""
+"""From a -m value to a ready model and tokenizer on the chosen backend.
+
+Opening (the file's header, the config and the tokenizer) is cheap and comes first, so that bad
+input is reported before the weights are read; loading the weights is the slow part.
+"""
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from llogos_cli.backends import get_backend
+from llogos_cli.config import ModelConfig
 from llogos_cli.console import err
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf_file import GGUFFile
@@ -16,37 +21,54 @@ DEFAULT_MAX_CTX = 4096
 
 
 @dataclass(frozen=True, slots=True)
-class Loaded:
+class ModelFile:
+    """Everything about a model but its weights."""
     path: Path
     entry: ModelEntry | None
     file: GGUFFile
-    model: Model
+    cfg: ModelConfig
     tokenizer: Tokenizer
-    load_ms: float
+    open_ms: float
+
+    @property
+    def sampling_defaults(self) -> dict:
+        return self.entry.sampling if self.entry else {}
 
     def n_ctx(self, requested: int | None) -> int:
         """-c/--ctx-size, defaulting to the trained context capped at 4096; 0 means the trained context."""
-        trained = self.model.cfg.n_ctx_train
         if requested is None:
-            return min(trained, DEFAULT_MAX_CTX)
-        if requested < 0:
-            raise LlogosError("--ctx-size must be positive (or 0 for the model's trained context)")
-        return requested or trained
+            return min(self.cfg.n_ctx_train, DEFAULT_MAX_CTX)
+        return requested or self.cfg.n_ctx_train
 
 
-def open_model(name_or_path: str | None) -> tuple[Path, ModelEntry | None, GGUFFile]:
-    path, entry = resolve_model(name_or_path)
-    return path, entry, GGUFFile(path)
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    source: ModelFile
+    model: Model
+    load_ms: float   # opening included
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.source.tokenizer
 
 
-def load(name_or_path: str | None, backend: str = "auto") -> Loaded:
+def open_model(name_or_path: str | None) -> ModelFile:
     t0 = time.perf_counter()
-    path, entry, f = open_model(name_or_path)
-    with err.status(f"loading {path.name}", spinner="dots"):
-        b = get_backend(backend)
-        model = Model(f, b)
-        tokenizer = Tokenizer.from_gguf(f)
-    if tokenizer.n_vocab != model.cfg.n_vocab:
+    path, entry = resolve_model(name_or_path)
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    tokenizer = Tokenizer.from_gguf(f)
+    if tokenizer.n_vocab != cfg.n_vocab:
         raise LlogosError(f"{path}: tokenizer has {tokenizer.n_vocab} tokens but the model "
-                          f"has {model.cfg.n_vocab} outputs")
-    return Loaded(path, entry, f, model, tokenizer, (time.perf_counter() - t0) * 1e3)
+                          f"has {cfg.n_vocab} outputs")
+    return ModelFile(path, entry, f, cfg, tokenizer, (time.perf_counter() - t0) * 1e3)
+
+
+def load(source: ModelFile | str | None, backend: str = "auto") -> Loaded:
+    """The weights on the backend, from an opened ModelFile or a -m value."""
+    if not isinstance(source, ModelFile):
+        source = open_model(source)
+    t0 = time.perf_counter()
+    with err.status(f"loading {source.path.name}", spinner="dots"):
+        model = Model(source.file, get_backend(backend))
+    return Loaded(source, model, source.open_ms + (time.perf_counter() - t0) * 1e3)

@@ -37,8 +37,10 @@ class Model:
         # What one decode step streams from memory: the basis of the bandwidth figure.
         self.weight_bytes = sum(w.nbytes for w in self.w.values())
 
-    def new_context(self, n_ctx: int, type_k: str = "f32", type_v: str = "f32") -> "Context":
+    def new_context(self, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> "Context":
+        """A fresh sequence; the KV cache types default to the backend's (f32 on CPU, f16 on GPU)."""
         c = self.cfg
+        type_k, type_v = type_k or self.b.default_cache_type, type_v or self.b.default_cache_type
         kv = [None if c.recurrent[il] else
               self.b.kv_cache(n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
               for il in range(c.n_layer)]
@@ -56,25 +58,25 @@ class Model:
 
         x = b.embed(w["token_embd.weight"], tokens)                     # (T, n_embd)
         if c.embed_scale != 1.0:
-            x = b.scale(x, c.embed_scale)
+            x = b.scale(x, c.embed_scale)                               # (T, n_embd)
         for il in range(c.n_layer):
             p = f"blk.{il}."
             h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps)      # (T, n_embd)
             h = (deltanet.block(b, c, w, p, h, ctx.state[il]) if c.recurrent[il]
                  else self._attention(il, p, h, pos, ctx))              # (T, n_embd)
             if c.post_norms:
-                h = b.rmsnorm(h, w[p + "post_attention_norm.weight"], c.norm_eps)
-            x = b.add(x, h)
+                h = b.rmsnorm(h, w[p + "post_attention_norm.weight"], c.norm_eps)  # (T, n_embd)
+            x = b.add(x, h)                                             # (T, n_embd)
             h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps)  # (T, n_embd)
             h = self._ffn(p, h)                                         # (T, n_embd)
             if c.post_norms:
-                h = b.rmsnorm(h, w[p + "post_ffw_norm.weight"], c.norm_eps)
-            x = b.add(x, h)
+                h = b.rmsnorm(h, w[p + "post_ffw_norm.weight"], c.norm_eps)  # (T, n_embd)
+            x = b.add(x, h)                                             # (T, n_embd)
         ctx.n_past += T
 
         if not all_logits:
             x = x[-1:]                                                  # (1, n_embd)
-        x = b.rmsnorm(x, w["output_norm.weight"], c.norm_eps)
+        x = b.rmsnorm(x, w["output_norm.weight"], c.norm_eps)           # (T or 1, n_embd)
         return b.matmul(x, w[c.output])                                 # (T or 1, n_vocab)
 
     def _attention(self, il: int, p: str, x, pos: np.ndarray, ctx: "Context"):
@@ -85,20 +87,20 @@ class Model:
         v = self._linear(p + "attn_v", x)                  # (T, n_head_kv * dv)
         if c.attn_gate:   # each head's query is followed by its output gate
             qg = q.reshape(T, c.n_head, 2 * c.head_dim_k)
-            q, gate = qg[..., :c.head_dim_k], qg[..., c.head_dim_k:]
+            q, gate = qg[..., :c.head_dim_k], qg[..., c.head_dim_k:]    # (T, n_head, dk) each
         q = q.reshape(T, c.n_head, c.head_dim_k)           # (T, n_head, dk)
         k = k.reshape(T, c.n_head_kv, c.head_dim_k)        # (T, n_head_kv, dk)
         v = v.reshape(T, c.n_head_kv, c.head_dim_v)        # (T, n_head_kv, dv)
-        if p + "attn_q_norm.weight" in w:
-            q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)
-            k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)
+        if c.qk_norm:
+            q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)  # (T, n_head, dk)
+            k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)  # (T, n_head_kv, dk)
         factors = w.get("rope_freqs.weight")              # (rope_dims / 2,) Llama 3.1+ long-context scaling
-        q = b.rope(q, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)
-        k = b.rope(k, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)
+        q = b.rope(q, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)  # (T, n_head, dk)
+        k = b.rope(k, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)  # (T, n_head_kv, dk)
         b.kv_store(ctx.kv[il], k, v, ctx.n_past)
         o = b.attention(q, ctx.kv[il], ctx.n_past, c.attn_scale, c.window[il])  # (T, n_head, dv)
         if c.attn_gate:
-            o = b.mul(o, b.sigmoid(gate))
+            o = b.mul(o, b.sigmoid(gate))                 # (T, n_head, dv)
         return b.matmul(o.reshape(T, c.n_head * c.head_dim_v), w[p + "attn_output.weight"])
 
     def _ffn(self, p: str, x):
@@ -121,9 +123,13 @@ class Context:
     state: list
     n_past: int = 0
 
+    @property
+    def recurrent(self) -> bool:
+        return any(s is not None for s in self.state)
+
     def rewind(self, n: int) -> bool:
         """Forget positions n and later. Recurrent state cannot be rewound, only rebuilt."""
-        if n != self.n_past and any(s is not None for s in self.state):
+        if n != self.n_past and self.recurrent:
             return False
         self.n_past = min(self.n_past, n)
         return True

@@ -33,7 +33,7 @@ class PerplexityResult:
 
 def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: int = 0,
                on_chunk: Callable[[int, int, float], None] = lambda i, n, ppl: None,
-               cache_types: tuple[str, str] = ("f32", "f32")) -> PerplexityResult:
+               cache_types: tuple[str | None, str | None] = (None, None)) -> PerplexityResult:
     tokens = tok.encode(text, parse_special=False)
     if n_ctx < 4:
         raise LlogosError("perplexity needs a context of at least 4 tokens")

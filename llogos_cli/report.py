@@ -1,10 +1,11 @@
 """Timings in llama.cpp's shape, plus the memory bandwidth decode achieved."""
 
 from llogos_cli.console import err
-from llogos_cli.engine import Session, Timings
+from llogos_cli.engine import Timings
+from llogos_cli.loader import Loaded
 
 
-def print_stats(loaded, t: Timings, session: Session, seed: int | None = None) -> None:
+def print_stats(loaded: Loaded, t: Timings, seed: int | None = None) -> None:
     def per_token(ms: float, n: int) -> str:
         if n == 0 or ms <= 0:
             return ""
@@ -23,5 +24,5 @@ def print_stats(loaded, t: Timings, session: Session, seed: int | None = None) -
     if t.eval_runs and t.predicted_ms > 0:
         gbps = weight_bytes * t.eval_runs / (t.predicted_ms / 1e3) / 1e9
         lines.append(f"decode bandwidth = {gbps:10.2f} GB/s ({weight_bytes / 1e6:.0f} MB of "
-                     f"{session.model.b.name} weights read per token)")
+                     f"{loaded.model.b.name} weights read per token)")
     err.print("\n" + "\n".join(lines), highlight=False, markup=False, soft_wrap=True)

@@ -87,7 +87,7 @@ class Sampler:
         if p.min_p > 0.0:
             keep = logits >= logits[0] + math.log(p.min_p)
             ids, logits = ids[keep], logits[keep]
-        probs = _softmax(logits / np.float32(p.temp))
+        probs = _softmax(logits, p.temp)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
     def _penalize(self, logits: np.ndarray) -> None:
@@ -120,6 +120,7 @@ def top_logprobs(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
     return [(int(i), float(lp[i])) for i in top]
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x.astype(np.float64) - x.max())
+def _softmax(x: np.ndarray, temp: float = 1.0) -> np.ndarray:
+    # Shifted before dividing, so even a vanishing temperature cannot overflow (inf - inf = NaN).
+    e = np.exp((x.astype(np.float64) - x.max()) / temp)
     return e / e.sum()

@@ -21,6 +21,7 @@ are derived once per GGUF and cached under its header's SHA-256.
 
 import os
 import zipfile
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,7 @@ from tokenizers import models, pre_tokenizers
 
 from llogos_cli.detokenize import GPT2_BYTES
 from llogos_cli.errors import LlogosError
-from llogos_cli.paths import cache_dir
+from llogos_cli.paths import optional_cache_dir
 
 _CACHE_VERSION = 1
 _UNKNOWN_BYTE = "<llogos: byte not in the vocabulary>"
@@ -148,14 +149,11 @@ class SubwordModel:
 def _cached_tables(meta: dict, tokens: list[str], token_ids: dict[str, int], header_sha256: str):
     """Merges as rows of (left id, right id, joined id) in rank order, and every token's
     characters: their code points concatenated, and the offset where each token starts."""
-    path = cache_dir("tokenizer") / f"{header_sha256[:32]}-v{_CACHE_VERSION}.npz"
-    try:
-        with np.load(path) as cached:
-            merges, chars, starts = cached["merges"], cached["chars"], cached["starts"]
-        if merges.ndim == 2 and merges.shape[1] == 3 and len(starts) == len(tokens):
-            return merges, chars, starts
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        pass
+    folder = optional_cache_dir("tokenizer")
+    path = folder / f"{header_sha256[:32]}-v{_CACHE_VERSION}.npz" if folder else None
+    cached = _read_tables(path, len(tokens)) if path else None
+    if cached:
+        return cached
     if meta["tokenizer.ggml.model"] == "llama":
         merges = _spm_merges(tokens, meta.get("tokenizer.ggml.scores"), token_ids)
     else:
@@ -163,6 +161,8 @@ def _cached_tables(meta: dict, tokens: list[str], token_ids: dict[str, int], hea
     merges = np.array(merges, dtype=np.int32).reshape(-1, 3)
     chars = np.array([ord(c) for text in tokens for c in text], dtype=np.int32)
     starts = np.cumsum([0] + [len(text) for text in tokens[:-1]], dtype=np.int64)
+    if path is None:
+        return merges, chars, starts
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
     try:
         np.savez(tmp, merges=merges, chars=chars, starts=starts)
@@ -170,6 +170,15 @@ def _cached_tables(meta: dict, tokens: list[str], token_ids: dict[str, int], hea
     except OSError:
         tmp.unlink(missing_ok=True)
     return merges, chars, starts
+
+
+def _read_tables(path: Path, n_tokens: int):
+    try:
+        with np.load(path) as cached:
+            merges, chars, starts = cached["merges"], cached["chars"], cached["starts"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    return (merges, chars, starts) if merges.ndim == 2 and merges.shape[1] == 3 and len(starts) == n_tokens else None
 
 
 def _gpt2_merges(lines: list[str] | None, ids: dict[str, int]) -> list[tuple[int, int, int]]:

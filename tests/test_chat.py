@@ -39,7 +39,7 @@ def smollm(smollm_path):
 
 
 def new_chat(m, messages, n_predict=12, n_ctx=512, **sampling) -> Chat:
-    fmt = chat_format({}, m.file.meta, m.entry, m.tokenizer)
+    fmt = chat_format({}, m.source.file.meta, m.source.entry, m.tokenizer)
     params = SamplingParams(**{"temp": 0.0, **sampling})
     return Chat(fmt, Session(m.model, n_ctx), Sampler(params, n_ctx), n_predict, messages)
 
@@ -49,7 +49,7 @@ def quiet(text: str) -> None:
 
 
 def smollm_template() -> str:
-    return open_model("smollm2-135m")[2].meta["tokenizer.chat_template"]
+    return open_model("smollm2-135m").file.meta["tokenizer.chat_template"]
 
 
 # ---- in process ------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_template_and_messages_errors(env, tiny, tmp_path):
 
 def test_model_toml_template_for_a_model_without_one(gemma_path):
     m = load("gemma3-270m", "cpu")
-    assert "tokenizer.chat_template" not in m.file.meta
-    fmt = chat_format({}, m.file.meta, m.entry, m.tokenizer)
+    assert "tokenizer.chat_template" not in m.source.file.meta
+    fmt = chat_format({}, m.source.file.meta, m.source.entry, m.tokenizer)
     ids = fmt.ids([Message("user", "Hi")])
     assert fmt.template.origin == "built-in 'gemma'" and ids[0] == m.tokenizer.bos_id and ids.count(ids[0]) == 1

@@ -27,9 +27,21 @@ The recurrence ops (Gated DeltaNet layers) work on float32 arrays and advance th
                           and head: S = exp(g) S; S += beta (v - S k) k^T; out = S q. -> (T, Hv, dv)
 """
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from llogos_cli.errors import LlogosError
 
 BACKENDS = ("cpu", "cuda", "auto")
+CACHE_TYPES = ("f32", "f16", "q8_0")
+Q8_0_BLOCK = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][0]
+
+
+def check_cache_type(cache_type: str, head_dim: int) -> None:
+    """A KV cache type both backends can hold for heads of this size, or a one-line error."""
+    if cache_type not in CACHE_TYPES:
+        raise LlogosError(f"unknown KV cache type '{cache_type}' (choose from {', '.join(CACHE_TYPES)})")
+    if cache_type == "q8_0" and head_dim % Q8_0_BLOCK:
+        raise LlogosError(f"a q8_0 KV cache needs head sizes that are multiples of {Q8_0_BLOCK}, not {head_dim}")
 
 
 def cuda_available() -> bool:
@@ -41,14 +53,13 @@ def cuda_available() -> bool:
 
 
 def get_backend(name: str):
-    if name == "auto":
-        name = "cuda" if cuda_available() else "cpu"
-    if name == "cpu":
-        from llogos_cli.backends.numpy_backend import NumpyBackend
-        return NumpyBackend()
-    if name == "cuda":
-        if not cuda_available():
-            raise LlogosError("--backend cuda needs CuPy and a CUDA GPU; none was found (install llogos[cuda])")
+    if name not in BACKENDS:
+        raise LlogosError(f"unknown backend '{name}' (choose from {', '.join(BACKENDS)})")
+    gpu = name != "cpu" and cuda_available()
+    if name == "cuda" and not gpu:
+        raise LlogosError("--backend cuda needs CuPy and a CUDA GPU; none was found (install llogos[cuda])")
+    if gpu:
         from llogos_cli.backends.cuda_backend import CudaBackend
         return CudaBackend()
-    raise LlogosError(f"unknown backend '{name}' (choose from {', '.join(BACKENDS)})")
+    from llogos_cli.backends.numpy_backend import NumpyBackend
+    return NumpyBackend()

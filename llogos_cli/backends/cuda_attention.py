@@ -12,17 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from llogos_cli.backends import cuda_ops
+from llogos_cli.backends import check_cache_type, cuda_ops
 from llogos_cli.backends.cuda_kernels import cdiv, check
 from llogos_cli.backends.cuda_matmul import get_rows
 from llogos_cli.errors import LlogosError
 
-CACHE_TYPES = ("f32", "f16", "q8_0")
 # The GGUF type a cache row is laid out as, for gathering rows with get_rows.
 _ROW_TYPE = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}
-_ROW_BYTES = {"f32": lambda d: 4 * d, "f16": lambda d: 2 * d, "q8_0": lambda d: d // 32 * 34}
 ATTENTION_WARPS = 4      # ATTENTION_WARPS in attention.cu
 MAX_HEAD_DIM = 256       # MAX_HEAD_DIM in attention.cu
 FUSED_MAX_TOKENS = 16
@@ -42,14 +40,16 @@ class KVCache:
 
 def kv_cache(xp, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
     for cache_type, d in ((type_k, dk), (type_v, dv)):
-        if cache_type not in CACHE_TYPES:
-            raise LlogosError(f"unknown KV cache type '{cache_type}' (choose from {', '.join(CACHE_TYPES)})")
-        if cache_type == "q8_0" and d % 32:
-            raise LlogosError(f"a q8_0 KV cache needs head sizes that are multiples of 32, not {d}")
+        check_cache_type(cache_type, d)
         if d % 4 or d > MAX_HEAD_DIM:
             raise LlogosError(f"the CUDA backend supports head sizes that are multiples of 4 up to {MAX_HEAD_DIM}, not {d}")
-    return KVCache(xp.zeros((n_kv, n_ctx, _ROW_BYTES[type_k](dk)), np.uint8),
-                   xp.zeros((n_kv, n_ctx, _ROW_BYTES[type_v](dv)), np.uint8), type_k, type_v, dk, dv)
+    return KVCache(xp.zeros((n_kv, n_ctx, _row_bytes(type_k, dk)), np.uint8),
+                   xp.zeros((n_kv, n_ctx, _row_bytes(type_v, dv)), np.uint8), type_k, type_v, dk, dv)
+
+
+def _row_bytes(cache_type: str, d: int) -> int:
+    block_size, type_size = GGML_QUANT_SIZES[_ROW_TYPE[cache_type]]
+    return d // block_size * type_size
 
 
 def kv_store(k, cache: KVCache, keys, values, pos) -> None:
@@ -80,6 +80,8 @@ def attention(k, q, cache: KVCache, pos0: int, pos, scale: float, window: int):
 
 def _fused(k, q, cache: KVCache, pos, scale: float, window: int):
     check(pos, np.int32, "pos")
+    check(cache.k, np.uint8, "key cache")
+    check(cache.v, np.uint8, "value cache")
     n_tok, n_head, dk = q.shape
     out = k.xp.empty((n_tok, n_head, cache.dv), np.float32)
     k.function("attention", f"attention_{cache.type_k}_{cache.type_v}")(

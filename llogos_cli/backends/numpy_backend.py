@@ -11,6 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from llogos_cli import quants
+from llogos_cli.backends import Q8_0_BLOCK, check_cache_type
 from llogos_cli.backends.numpy_recurrent import RecurrentOps
 
 # Attention scores are computed for this many query rows at a time, bounding their memory.
@@ -37,7 +38,6 @@ class KVCache:
     type_v: str
 
 
-CACHE_TYPES = ("f32", "f16", "q8_0")
 # q8_0 entries are held as float32 after a quantize/dequantize round trip: the same values a
 # q8_0 cache on the GPU yields, without a packed layout that NumPy could not use directly.
 _CACHE_DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.float32}
@@ -46,7 +46,7 @@ _CACHE_DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.float32}
 def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
     if cache_type != "q8_0":
         return x
-    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    blocks = x.reshape(*x.shape[:-1], -1, Q8_0_BLOCK)
     d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
     scaled = blocks * np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, 1, d))
     q = np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))  # round half away from zero
@@ -55,7 +55,8 @@ def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
 
 class NumpyBackend(RecurrentOps):
     name = "cpu"
-    parallel_load = True   # weights may be prepared on several threads
+    parallel_load = True         # weights may be prepared on several threads
+    default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to
 
     def __init__(self):
         self._rope_key = None
@@ -97,7 +98,12 @@ class NumpyBackend(RecurrentOps):
         return x * np.float32(s)
 
     def sigmoid(self, x: np.ndarray) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-x))
+        with np.errstate(over="ignore"):   # exp(-x) = inf for x < -88 gives the right limit, 0
+            return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+    def silu(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):   # as in sigmoid: the limit, -0
+            return x / (np.float32(1) + np.exp(-x))
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
@@ -141,11 +147,13 @@ class NumpyBackend(RecurrentOps):
         if gelu:  # tanh approximation, as Gemma and llama.cpp use
             g = 0.5 * gate * (1.0 + np.tanh(np.float32(0.7978845608028654) * (gate + np.float32(0.044715) * gate ** 3)))
         else:
-            g = gate / (1.0 + np.exp(-gate))
+            g = self.silu(gate)
         return g * up
 
     # ---------------------------------------------------------------- attention
-    def kv_cache(self, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str = "f32", type_v: str = "f32") -> KVCache:
+    def kv_cache(self, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
+        check_cache_type(type_k, dk)
+        check_cache_type(type_v, dv)
         # np.zeros maps pages lazily, so a long context costs memory only as it fills.
         return KVCache(np.zeros((n_kv, n_ctx, dk), _CACHE_DTYPE[type_k]), np.zeros((n_kv, n_ctx, dv), _CACHE_DTYPE[type_v]),
                        type_k, type_v)

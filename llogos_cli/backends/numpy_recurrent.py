@@ -23,10 +23,6 @@ class RecurrentOps:
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, np.float32)
 
-    def silu(self, x: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):   # exp(-x) = inf for x < -88 gives the right limit, -0
-            return x / (np.float32(1) + np.exp(-x))
-
     def softplus(self, x: np.ndarray) -> np.ndarray:
         return np.logaddexp(np.float32(0), x)  # log(1 + e^x) without overflow for large x
 

@@ -14,6 +14,9 @@ from gguf.quants import dequantize as gguf_dequantize
 from llogos_cli.backends import cuda_attention, cuda_matmul, cuda_ops
 from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
+from llogos_cli.gguf_file import GGUFFile
+from llogos_cli.model import Model
+from tests.conftest import FIXTURES, need
 
 WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
 # Byte offsets of the float16 scale fields in each block type (ggml-common.h).
@@ -255,16 +258,19 @@ def test_kv_store_and_attention(backend, type_k, type_v, n_tok, window):
     assert_close(host(backend, got), CPU.attention(q, caches[0], pos0, 0.125, window), rtol=2e-5)
 
 
-def test_kv_cache_defaults_to_f16(backend):
-    cache = backend.kv_cache(8, 2, 64, 64)
-    assert (cache.type_k, cache.type_v) == ("f16", "f16") and cache.k.shape == (2, 8, 128)
+def test_contexts_default_to_an_f16_cache(backend):
+    model = Model(GGUFFile(need(FIXTURES / "tiny-llama-f32.gguf")), backend)
+    cache = model.new_context(8).kv[0]
+    assert (cache.type_k, cache.type_v) == ("f16", "f16") and cache.k.shape == (2, 8, 2 * model.cfg.head_dim_k)
 
 
-def test_kv_cache_rejects_unusable_types(backend):
+@pytest.mark.parametrize("b", ["this", "cpu"])
+def test_kv_cache_rejects_unusable_types(backend, b):
+    b = backend if b == "this" else CPU
     with pytest.raises(LlogosError, match="multiples of 32"):
-        backend.kv_cache(8, 2, 48, 48, "q8_0", "f16")
+        b.kv_cache(8, 2, 48, 48, "q8_0", "f16")
     with pytest.raises(LlogosError, match="unknown KV cache type"):
-        backend.kv_cache(8, 2, 64, 64, "q4_0", "f16")
+        b.kv_cache(8, 2, 64, 64, "q4_0", "f16")
 
 
 # ------------------------------------------------------------------ sampling
