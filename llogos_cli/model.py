@@ -48,8 +48,9 @@ class Model:
         return Context(n_ctx, kv, state)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, ctx: "Context", tokens: np.ndarray, all_logits: bool = False):
-        """Run `tokens` at positions ctx.n_past...; return logits for the last (or every) token."""
+    def forward(self, ctx: "Context", tokens: np.ndarray, all_logits: bool = False, logits_from: int = 0):
+        """Run `tokens` at positions ctx.n_past...; return logits for the last token, or with
+        all_logits for every token from index logits_from on (the LM head is the costly part)."""
         c, b, w = self.cfg, self.b, self.w
         T = len(tokens)
         if ctx.n_past + T > ctx.n_ctx:
@@ -74,10 +75,9 @@ class Model:
             x = b.add(x, h)                                             # (T, n_embd)
         ctx.n_past += T
 
-        if not all_logits:
-            x = x[-1:]                                                  # (1, n_embd)
-        x = b.rmsnorm(x, w["output_norm.weight"], c.norm_eps)           # (T or 1, n_embd)
-        return b.matmul(x, w[c.output])                                 # (T or 1, n_vocab)
+        x = x[logits_from:] if all_logits else x[-1:]                  # (T', n_embd)
+        x = b.rmsnorm(x, w["output_norm.weight"], c.norm_eps)           # (T', n_embd)
+        return b.matmul(x, w[c.output])                                 # (T', n_vocab)
 
     def _attention(self, il: int, p: str, x, pos: np.ndarray, ctx: "Context"):
         c, b, w = self.cfg, self.b, self.w

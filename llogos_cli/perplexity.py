@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llogos_cli.engine import PREFILL_BATCH
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import Model
 from llogos_cli.sampling import token_logprobs
@@ -51,7 +52,14 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
         if tok.add_bos:
             chunk[0] = tok.bos_id
         ctx = model.new_context(n_ctx, *cache_types)
-        logits = model.b.to_host(model.forward(ctx, chunk, all_logits=True))[first:n_ctx - 1]
+        rows = []   # logits at positions first ... n_ctx - 1, computed a batch at a time
+        for start in range(0, n_ctx, PREFILL_BATCH):
+            piece = chunk[start:start + PREFILL_BATCH]
+            skip = max(0, first - start)
+            logits = model.forward(ctx, piece, all_logits=skip < len(piece), logits_from=skip)
+            if skip < len(piece):
+                rows.append(model.b.to_host(logits))
+        logits = np.concatenate(rows)[:-1]                                   # (n_ctx - 1 - first, vocab)
         nlls = -token_logprobs(logits, chunk[first + 1:])                  # (n_ctx - 1 - first,)
         nll += float(nlls.sum())
         nll2 += float(np.square(nlls).sum())

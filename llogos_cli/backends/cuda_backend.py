@@ -33,6 +33,7 @@ class CudaBackend:
         self._scratch = Scratch(self.xp)
         self._inputs: dict[str, tuple[np.ndarray, object]] = {}  # name -> (host copy, device buffer)
         self._ones: dict[int, object] = {}                       # rope factors of models without any
+        self._conv_kernels: dict[int, object] = {}               # ssm_conv weights decoded to float32
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType):
@@ -139,7 +140,10 @@ class CudaBackend:
 
     def ssm_conv(self, x, conv_state, w: QuantMatrix):
         """Causal depthwise convolution of x (T, C) after conv_state (K-1, C), advanced in place; -> (T, C)."""
-        kernel = get_rows(self.k, w.raw, w.qtype, self.xp.arange(w.rows, dtype=np.int32))  # (C, K) float32
+        kernel = self._conv_kernels.get(id(w))
+        if kernel is None:   # decoded once, on the first (prefill) call, never inside a captured graph
+            kernel = get_rows(self.k, w.raw, w.qtype, self.xp.arange(w.rows, dtype=np.int32))  # (C, K) float32
+            self._conv_kernels[id(w)] = kernel
         return cuda_recurrent.ssm_conv(self.k, self._c(x), conv_state, kernel)
 
     def delta_net(self, q, k, v, g, beta, state):
