@@ -60,6 +60,12 @@ def get_backend(name: str):
         raise LlogosError("--backend cuda needs CuPy and a CUDA GPU; none was found (install llogos[cuda])")
     if gpu:
         from llogos_cli.backends.cuda_backend import CudaBackend
-        return CudaBackend()
+        try:
+            return CudaBackend()
+        except LlogosError as e:  # a GPU without a usable CUDA stack: auto falls back, cuda says why
+            if name == "cuda":
+                raise
+            from llogos_cli.console import warn
+            warn(f"{e}; running on the CPU")
     from llogos_cli.backends.numpy_backend import NumpyBackend
     return NumpyBackend()
