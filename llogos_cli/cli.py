@@ -14,7 +14,7 @@ from llogos_cli.cli_options import (cache_types, chat_format, model_options, par
                                     sampling_options, sampling_params, template_options)
 from llogos_cli.conversation import Message
 from llogos_cli.console import err, error
-from llogos_cli.engine import Generation, Session, StopCriteria
+from llogos_cli.engine import Generation, Session, StopCriteria, check_fits
 from llogos_cli.errors import LlogosError
 from llogos_cli.loader import load, open_model
 from llogos_cli.report import print_stats
@@ -76,9 +76,7 @@ def generate(**o):
     if not ids:
         raise LlogosError("the prompt is empty after tokenization")
     n_ctx = mf.n_ctx(o["ctx_size"])
-    if len(ids) > n_ctx:
-        raise LlogosError(f"prompt has {len(ids)} tokens, more than the context size {n_ctx} "
-                          f"(raise it with -c/--ctx-size)")
+    check_fits(len(ids), n_ctx)   # before the weights load
     m = load(mf, o["backend"])
     session = Session(m.model, n_ctx, cache_types(o))
     gen = Generation(session, tok, ids, Sampler(params, n_ctx),

@@ -48,6 +48,12 @@ def _rate(n: int, ms: float) -> float:
     return round(n / ms * 1000.0, 3) if ms > 0 else 0.0
 
 
+def check_fits(n_prompt: int, n_ctx: int) -> None:
+    if n_prompt > n_ctx:
+        raise LlogosError(f"prompt has {n_prompt} tokens, more than the context size {n_ctx} "
+                          f"(raise it with -c/--ctx-size)")
+
+
 class Session:
     """A model context plus the tokens it holds, so later calls only evaluate what is new."""
 
@@ -73,9 +79,7 @@ class Session:
     def evaluate(self, ids: list[int]):
         """Bring the context to hold exactly `ids`, reusing the longest common prefix already there.
         Returns the logits after the last id, as a backend array (vocab,)."""
-        if len(ids) > self.n_ctx:
-            raise LlogosError(f"prompt has {len(ids)} tokens, more than the context size {self.n_ctx} "
-                              f"(raise it with -c/--ctx-size)")
+        check_fits(len(ids), self.n_ctx)
         keep = 0
         for a, b in zip(self.tokens, ids):
             if a != b:
