@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llogos_cli.loader import load
+from llogos_cli.model.loader import load
 
 PROMPT = "The capital of France is"
 
@@ -45,20 +45,20 @@ def in_process(model_name: str, reps: int) -> dict:
         ctx = model.new_context(512)
         ids = rng.integers(0, model.cfg.n_vocab, 128).astype(np.int32)
         t = time.perf_counter()
-        model.forward(ctx, ids)
+        model.forward_seq(ctx, ids)
         pp.append(128 / (time.perf_counter() - t))
 
         ctx = model.new_context(512)
-        model.forward(ctx, ids[:1])
+        model.forward_seq(ctx, ids[:1])
         t = time.perf_counter()
         for i in range(64):
-            model.forward(ctx, ids[i % 128:i % 128 + 1])
+            model.forward_seq(ctx, ids[i % 128:i % 128 + 1])
         tg.append(64 / (time.perf_counter() - t))
 
         ctx = model.new_context(512)
         prompt = np.asarray(m.tokenizer.encode(PROMPT), np.int32)
         t = time.perf_counter()
-        int(np.argmax(model.forward(ctx, prompt)[-1]))
+        int(np.argmax(model.forward_seq(ctx, prompt)[-1]))
         ttft.append((time.perf_counter() - t) * 1e3)
     return {"load_ms": m.load_ms, "pp128": median(pp), "tg64": median(tg), "ttft_ms": median(ttft),
             "weight_mb": model.weight_bytes / 1e6, "prompt_tokens": len(prompt)}

@@ -8,8 +8,8 @@ float32 state whose size does not depend on the context. Prints a Markdown table
 """
 
 from llogos_cli.backends.numpy_backend import NumpyBackend
-from llogos_cli.config import ModelConfig, SSMConfig
-from llogos_cli.model import Model
+from llogos_cli.model.config import ModelConfig, SSMConfig
+from llogos_cli.model.forward import Model
 
 CONTEXTS = (4096, 32768)
 CACHE_TYPES = ("f16", "f32")

@@ -1,5 +1,5 @@
-// The index of the largest element of x (the first, on ties, as NumPy's argmax), by one thread
-// block, so that greedy sampling moves a single int to the host.
+// The index of the largest element of each row of x (R, n) (the first, on ties, as NumPy's argmax),
+// one thread block per row, so that greedy sampling of R sequences moves R ints to the host.
 #include "common.cuh"
 
 // The better of two candidates: the larger value, then the smaller index.
@@ -10,11 +10,12 @@ __device__ __forceinline__ void keep_best(float& v, int& i, float v2, int i2) {
     }
 }
 
-extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n, int* __restrict__ out) {
+extern "C" __global__ void argmax_rows_f32(const float* __restrict__ x, int n, int* __restrict__ out) {
     __shared__ float best_v[WARP_SIZE];
     __shared__ int best_i[WARP_SIZE];
     float v = -F32_INF;
     int idx = n;
+    x += (i64)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) keep_best(v, idx, x[i], i);
 #pragma unroll
     for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1)
@@ -31,5 +32,5 @@ extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n, int* _
 #pragma unroll
     for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1)
         keep_best(v, idx, __shfl_xor_sync(FULL_MASK, v, offset), __shfl_xor_sync(FULL_MASK, idx, offset));
-    if (lane == 0) *out = idx < n ? idx : 0;
+    if (lane == 0) out[blockIdx.x] = idx < n ? idx : 0;
 }

@@ -1,23 +1,26 @@
-// Causal attention of a few query tokens over the KV cache, fused: scores, online softmax and the
+// Causal attention of a batch's queries over the KV cache, fused: scores, online softmax and the
 // weighted sum of values in one pass that reads each cached row once, in its stored type. Decode
-// and short batches use this; long prompts take the GEMM + softmax_lengths path, where tensor-core
-// matrix products outrun it.
+// rows and short runs use this; long prompt runs take the GEMM + softmax_lengths path, where
+// tensor-core matrix products outrun it.
 //
-// Grid (n_head, T), ATTENTION_WARPS warps per block. Query t at position pos[t] sees the keys in
-// [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: all of them). Each warp takes tiles of 32
-// keys in turn, one key per lane: the lane computes its key's score against the query (held in
-// shared memory), the warp updates its running max and sum, and then the lanes, each owning runs
-// of 4 output features, accumulate the 32 weighted value rows. The warps' partial results are
-// merged at the end.
+// Grid (n_head, T), ATTENTION_WARPS warps per block. Query t, at position pos[t] of cache slot
+// slots[t], sees that slot's keys in [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: all of
+// them). Every query has its own span, so the decode rows of many sequences go in one launch;
+// slots and positions are read from device memory, so a captured decode step replays for other
+// rows. Each warp takes tiles of 32 keys in turn, one key per lane: the lane computes its key's
+// score against the query (held in shared memory), the warp updates its running max and sum, and
+// then the lanes, each owning runs of 4 output features, accumulate the 32 weighted value rows.
+// The warps' partial results are merged at the end.
 #include "kv_cache.cuh"
 
 #define ATTENTION_WARPS 4
 #define MAX_HEAD_DIM 256
 #define RUNS_PER_LANE (MAX_HEAD_DIM / 4 / WARP_SIZE)
+static_assert(MAX_HEAD_DIM % (4 * WARP_SIZE) == 0, "each lane owns whole runs of 4 output features");
 
 template <class K, class V>
-__device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, float* out, const int* pos,
-                          int n_head, int n_kv, int dk, int dv, int n_ctx, float scale, int window) {
+__device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, float* out, const int* slots,
+                          const int* pos, int n_head, int n_kv, int dk, int dv, int n_ctx, float scale, int window) {
     __shared__ float q_s[MAX_HEAD_DIM];
     __shared__ float m_s[ATTENTION_WARPS], l_s[ATTENTION_WARPS];
     __shared__ float acc_s[ATTENTION_WARPS][MAX_HEAD_DIM];
@@ -29,8 +32,9 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
 
     const int end = pos[t] + 1, start = window > 0 ? max(0, end - window) : 0;
     const i64 k_row = K::row_bytes(dk), v_row = V::row_bytes(dv);
-    const u8* keys = k_cache + (i64)kv * n_ctx * k_row;
-    const u8* values = v_cache + (i64)kv * n_ctx * v_row;
+    const i64 region = (i64)slots[t] * n_kv + kv;  // this slot's rows of KV head kv
+    const u8* keys = k_cache + region * n_ctx * k_row;
+    const u8* values = v_cache + region * n_ctx * v_row;
 
     float m = -F32_INF, l = 0.0f;
     float acc[RUNS_PER_LANE][4] = {};
@@ -93,12 +97,13 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
     }
 }
 
-#define ATTENTION(tk, tv)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(ATTENTION_WARPS * WARP_SIZE) attention_##tk##_##tv(            \
-        const float* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,           \
-        float* __restrict__ out, const int* __restrict__ pos, int n_head, int n_kv, int dk, int dv, int n_ctx,  \
-        float scale, int window) {                                                                             \
-        attention<kv_##tk, kv_##tv>(q, k_cache, v_cache, out, pos, n_head, n_kv, dk, dv, n_ctx, scale, window);  \
+#define ATTENTION(tk, tv)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(ATTENTION_WARPS * WARP_SIZE) attention_##tk##_##tv(          \
+        const float* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,          \
+        float* __restrict__ out, const int* __restrict__ slots, const int* __restrict__ pos, int n_head,      \
+        int n_kv, int dk, int dv, int n_ctx, float scale, int window) {                                       \
+        attention<kv_##tk, kv_##tv>(q, k_cache, v_cache, out, slots, pos, n_head, n_kv, dk, dv, n_ctx, scale, \
+                                    window);                                                                  \
     }
 
 ATTENTION(f32, f32)

@@ -1,8 +1,9 @@
 // How a KV-cache row (one position of one KV head: d elements) is stored, for each cache type.
 //
-// The cache of a layer is (n_kv, n_ctx, row bytes). f16 halves the memory and the attention
-// traffic of f32; q8_0 (d/32 blocks of block_q8_0) roughly halves f16's. q8_0 rounds exactly as
-// the NumPy backend's _cache_round, so both backends hold identical values.
+// The cache of a layer is (n_slots, n_kv, n_ctx, row bytes), a region per sequence (cache slot).
+// f16 halves the memory and the attention traffic of f32; q8_0 (d/32 blocks of block_q8_0)
+// roughly halves f16's. q8_0 rounds exactly as the NumPy backend's _cache_round, so both backends
+// hold identical values.
 #pragma once
 #include "common.cuh"
 #include "quant_blocks.cuh"

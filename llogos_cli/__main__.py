@@ -1,3 +1,3 @@
-from llogos_cli.cli import main
+from llogos_cli.cli.main import main
 
 main()

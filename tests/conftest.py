@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from llogos_cli.errors import LlogosError
@@ -18,12 +19,18 @@ def need(path: Path) -> Path:
     return path
 
 
+def relative_error(ours, expected) -> float:
+    """Largest difference as a fraction of the expected values' scale: float32 error grows with the
+    magnitude of what is summed, so tolerances are relative to it, not to each entry."""
+    return float(np.abs(np.asarray(ours) - expected).max() / np.abs(expected).max())
+
+
 def reference(name: str) -> dict:
     return json.loads(need(REFERENCE / f"{name}.json").read_text())
 
 
 def model_path(name: str) -> Path:
-    from llogos_cli.registry import resolve_model
+    from llogos_cli.model.registry import resolve_model
     try:
         return resolve_model(name)[0]
     except LlogosError as e:  # `make test` pulls both models before running the suite

@@ -6,13 +6,21 @@ import os
 
 import pytest
 
-from llogos_cli.chat import Chat
-from llogos_cli.cli_options import chat_format
-from llogos_cli.conversation import Message, fit, parse_messages, read_messages, write_messages
-from llogos_cli.engine import Generation, Session, StopCriteria
+from llogos_cli.cli.options import chat_format
+from llogos_cli.engine.chat import Chat
+from llogos_cli.engine.conversation import (
+    Message,
+    fit,
+    parse_messages,
+    read_messages,
+    write_messages,
+)
+from llogos_cli.engine.generation import Generation
+from llogos_cli.engine.sampling import Sampler, SamplingParams
+from llogos_cli.engine.session import Session
+from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
-from llogos_cli.loader import load, open_model
-from llogos_cli.sampling import Sampler, SamplingParams
+from llogos_cli.model.loader import load, open_model
 from tests.conftest import FIXTURES, need
 from tests.test_chat_template import hf_render
 from tests.test_cli import assert_one_line_error, llogos

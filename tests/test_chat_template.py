@@ -1,16 +1,19 @@
 """Chat templates: HF-compatible rendering, the built-in formats, the sandbox, and which template wins."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jinja2
 import pytest
 
-from llogos_cli.chat_template import BUILTIN, ChatTemplate, resolve
-from llogos_cli.conversation import ChatFormat, Message
+from llogos_cli.engine.conversation import ChatFormat, Message
 from llogos_cli.errors import LlogosError
-from llogos_cli.gguf_file import GGUFFile
-from llogos_cli.registry import find_entry
-from llogos_cli.tokenizer import Tokenizer
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.registry import find_entry
+from llogos_cli.tokenizer.chat_template import BUILTIN, ChatTemplate, resolve
+from llogos_cli.tokenizer.tokenizer import Tokenizer
 from tests.conftest import FIXTURES, need
 
 CONVERSATIONS = [
@@ -166,3 +169,140 @@ def test_end_of_turn_without_a_token_is_a_stop_string():
     assert chatml.stop_ids() == {tok.token_id("<|im_end|>")} and chatml.stop_strings() == ()
     gemma = ChatFormat(ChatTemplate(BUILTIN["gemma"], "gemma"), tok)
     assert gemma.stop_ids() == frozenset() and gemma.stop_strings() == ("<end_of_turn>",)
+
+
+# Constructs that real templates use (Llama 3.x, Qwen, Mistral, Phi, SmolLM, Gemma): loops with loop
+# variables, namespaces, macros, call blocks, set blocks, ~, + and %, str.format, string methods,
+# slicing, tests and the filters they lean on. The bounded sandbox must render them exactly as Jinja does.
+CONSTRUCTS = """{%- set ns = namespace(system='', count=0, users=[]) -%}
+{%- macro turn(role, text) -%}<|{{ role | upper }}|>{{ text | trim }}{{ caller() if caller is defined }}{%- endmacro -%}
+{%- for m in messages -%}
+{%- if loop.first and m['role'] == 'system' -%}{%- set ns.system = m['content'] ~ '\\n' -%}{%- continue -%}{%- endif -%}
+{%- set ns.count = ns.count + 1 -%}
+{%- if m.role == 'user' %}{% set ns.users = ns.users + [m.content] %}{% endif -%}
+{{ turn(m.role, ns.system + m.content if loop.index0 == 1 else m.content) }}
+{{- '[%d/%d]' % (loop.index, loop.length) }}{{ ' {}:{}'.format(m.role[:1], m.content | length) }}
+{%- if not loop.last %}{{ loop.cycle('\\n', ' ') }}{% endif -%}
+{%- endfor %}
+{% set summary %}{{ ns.count }} turns, users said {{ ns.users | map('lower') | join(' / ') }}{% endset -%}
+{{ summary.split(' ')[0] | int * 2 }} {{ summary | replace('turns', 'messages') }}
+{% filter center(40) %}{{ messages | selectattr('role', 'equalto', 'user') | list | length }} user{% endfilter %}
+{{ messages | map(attribute='role') | unique | sort | join(',') }} {{ (messages | last).content[::-1] }}
+{{ {'tools': [{'name': 'get_weather', 'args': {'city': 'str'}}]} | tojson(indent=2) }}
+{{ '-' * 20 }} {{ 2 ** 10 }} {{ 17 // 5 }} {{ 17 % 5 }} {{ range(3) | list }} {{ (messages | first).role.startswith('sys') }}
+{%- for k, v in {'b': 1, 'a': 2} | dictsort %} {{ k }}={{ v }}{% endfor %}
+{% call turn('tool', 'result') %} (called){% endcall %}
+{{ 'x\\ny' | indent(2, first=True) }} {{ messages[1:] | batch(2) | list | length }} {{ messages | sum(attribute='content', start='') if false }}
+{%- if add_generation_prompt %}{{ '\\n<|assistant|>' }}{% endif -%}"""
+
+
+@pytest.mark.parametrize("conversation", CONVERSATIONS[1:2])
+def test_constructs_real_templates_use_render_as_jinja_does(conversation):
+    ours = ChatTemplate(CONSTRUCTS, "constructs").render(conversation, True, "<s>", "</s>")
+    assert ours == hf_render(CONSTRUCTS, conversation, True, "<s>", "</s>")
+    assert "3 messages" in ours and "<|ASSISTANT|>4." in ours
+
+
+# Each hostile template asks for far more memory or time than any chat needs. The runner renders them
+# one after another in a fresh interpreter (so its peak resident memory means something) under a hard
+# address-space limit (so a regression cannot take the machine down), and reports per template.
+HOSTILE = {
+    "string repetition": ("{{ 'a' * 10**10 }}", "would build 10,000,000,000 characters"),
+    "list repetition": ("{{ [1, 2] * 10000000000 }}", "would build"),
+    "repetition of a repetition": ("{{ ('a' * 1000000) * 1000 }}", "would build"),
+    "huge power": ("{{ 2 ** 100000000 }}", "bits in an integer"),
+    "squaring in a loop": ("{% set ns = namespace(x=3) %}{% for i in range(64) %}{% set ns.x = ns.x * ns.x %}"
+                           "{% endfor %}", "bits in an integer"),
+    "nested loops": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                     "ran longer than"),
+    "nested loops writing": ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+                             "would build"),
+    "loop over a long string": ("{% for c in 'a' * 1000000 %}{% for d in 'b' * 1000000 %}{% endfor %}{% endfor %}",
+                                "ran longer than"),
+    "endless recursion": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+    "exponential recursion": ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% else %}xxxxxxxx{% endif %}"
+                              "{% endmacro %}{{ f(60) }}", "ran longer than"),
+    "namespace doubling with ~": ("{% set ns = namespace(s='a') %}{% for i in range(100) %}"
+                                  "{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "would build"),
+    "namespace doubling with +": ("{% set ns = namespace(s='a') %}{% for i in range(100) %}"
+                                  "{% set ns.s = ns.s + ns.s %}{% endfor %}", "would build"),
+    "set block doubling": ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set s %}{{ ns.s }}{{ ns.s }}"
+                           "{% endset %}{% set ns.s = s %}{% endfor %}", "would build"),
+    "repetition inside a loop": ("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
+                                 "{% set ns.l = ns.l + ['a' * 1000000] %}{% endfor %}", "MB of memory"),
+    "growing nest of literals": ("{% set ns = namespace(d=none) %}{% for i in range(100000) %}{% for j in range(100000) %}"
+                                 "{% set ns.d = {'a': ns.d, 'b': [1, 2, 3, 4, 5, 6, 7, 8]} %}{% endfor %}{% endfor %}",
+                                 "ran longer than"),
+    "join filter": ("{{ (['a' * 1000000] * 1000) | join }}", "would build"),
+    "join method": ("{{ ','.join(['a' * 1000000] * 1000) }}", "would build"),
+    "huge range": ("{{ range(10**10) | list }}", "Range too big"),
+    "center method": ("{{ 'a'.center(10**10) }}", "would build"),
+    "center filter": ("{{ 'a' | center(10000000000) }}", "would build"),
+    "indent filter": ("{{ ('a\\n' * 100000) | indent(100000) }}", "would build"),
+    "wordwrap filter": ("{{ ('a ' * 500000) | wordwrap(1, wrapstring='x' * 1000) }}", "would build"),
+    "percent width": ("{{ '%999999999d' % 1 }}", "would build"),
+    "percent star width": ("{{ '%*d' % (999999999, 1) }}", "would build"),
+    "format filter width": ("{{ '%999999999d' | format(1) }}", "would build"),
+    "format method width": ("{{ '{:>{w}}'.format(1, w=999999999) }}", "would build"),
+    "replace method": ("{{ ('a' * 100000).replace('a', 'b' * 100000) }}", "would build"),
+    "replace filter": ("{{ ('a' * 100000) | replace('a', 'b' * 100000) }}", "would build"),
+    "printing an aliased list": ("{% set x = 'a' * 1000000 %}{{ [x] * 1000 }}", "would build"),
+    "tojson of an aliased list": ("{% set x = 'a' * 1000000 %}{{ ([x] * 1000) | tojson }}", "would build"),
+    "tojson indent": ("{{ [[[1]]] | tojson(indent=1000000000) }}", "would build"),
+    "int to_bytes": ("{{ (1).to_bytes(10000000000, 'big') }}", "would build"),
+    "batch padding": ("{{ [1] | batch(10000000000, 0) | list }}", "would build"),
+    "round precision": ("{{ 1.5 | round(1000000000, 'floor') }}", "bits in an integer"),
+    "sum of lists": ("{{ ([['a'] * 1000000] * 1000) | sum(start=[]) }}", "would build"),
+    "chain of lazy filters": ("{{ ('a' * 1000000)" + " | map('upper')" * 12 + " | list | length }}", "ran longer than"),
+    "lipsum": ("{{ lipsum(10000000) }}", "would build"),
+    "expandtabs": ("{{ ('\\t' * 1000000).expandtabs(100000) }}", "would build"),
+    "block called again": ("{% block b %}x{% endblock %}{{ self.b() }}", "cannot call its blocks"),
+    "strftime format": ("{{ strftime_now('%c' * 100000) }}", "strftime_now was given a format"),
+    "huge source": ("{{ 1 }}" * 100000, "characters of template source"),
+}
+
+RUNNER = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+from llogos_cli.errors import LlogosError
+from llogos_cli.tokenizer.chat_template import ChatTemplate
+def peak(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+start = peak()
+for name, source in json.load(sys.stdin).items():
+    t0 = time.monotonic()
+    try:
+        error = 'rendered ' + str(len(ChatTemplate(source, 'hostile.jinja').render([{'role': 'user', 'content': 'Hi'}], True)))
+    except LlogosError as e:
+        error = str(e)
+    print(json.dumps({'name': name, 'seconds': time.monotonic() - t0, 'growth': peak() - start, 'error': error}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def hostile_results():
+    r = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps({k: v[0] for k, v in HOSTILE.items()}),
+                       capture_output=True, text=True, timeout=600)
+    results = {row["name"]: row for row in map(json.loads, r.stdout.splitlines())}
+    assert r.returncode == 0 and len(results) == len(HOSTILE), r.stderr[-2000:]
+    return results
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_template_fails_quickly_with_one_line_and_little_memory(hostile_results, name):
+    row = hostile_results[name]
+    assert row["error"].startswith("chat template from hostile.jinja ") and "\n" not in row["error"]
+    assert HOSTILE[name][1] in row["error"]
+    assert "MemoryError" not in row["error"]
+    assert row["seconds"] < 5
+    assert row["growth"] < 256 << 20, f"peak memory grew by {row['growth'] >> 20} MB"
+
+
+def test_hostile_template_on_the_command_line(tmp_path):
+    template = tmp_path / "hostile.jinja"
+    template.write_text("{% for m in messages %}{{ m.content * 10**10 }}{% endfor %}")
+    r = subprocess.run([sys.executable, "-m", "llogos_cli", "chat", "-m", str(need(FIXTURES / "tiny-llama-f32.gguf")),
+                        "--chat-template-file", str(template), "--print-prompt"], input="Hi\n", capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, NO_COLOR="1"))
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith(f"error: chat template from {template} was stopped by the sandbox: it would build")

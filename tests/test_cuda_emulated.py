@@ -9,14 +9,16 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from llogos_cli.backends import cuda_attention, cuda_matmul
+from llogos_cli.backends.cuda_attention import FUSED_MAX_TOKENS
 from llogos_cli.backends.cuda_backend import CudaBackend
-from llogos_cli.gguf_file import GGUFFile
-from llogos_cli.model import Model
-from tests.emu.emulator import EmulationError, EmuKernels
+from llogos_cli.backends.cuda_batch import Run
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.forward import Model
+from tests.emu.emulator import EmuKernels, EmulationError
 from tests.emu.model_suite import *  # noqa: F401,F403 (the shared whole-model tests)
 from tests.emu.model_suite import load_bench, model_pair, relative
 from tests.emu.op_suite import *  # noqa: F401,F403 (the shared operation tests)
-from tests.emu.op_suite import CPU, random_weights
+from tests.emu.op_suite import CPU, host, random_weights
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +87,46 @@ def test_long_prompts_take_the_gemm_paths(backend):
     cpu, gpu = model_pair("tiny-gemma3-q8_0", backend)
     ids = np.random.default_rng(3).integers(0, cpu.cfg.n_vocab, cuda_matmul.GEMM_MIN_TOKENS)
     backend.k.launched.clear()
-    gpu.forward(gpu.new_context(64, "f16", "f16"), ids, all_logits=True)  # the LM head too
+    gpu.forward_seq(gpu.new_context(64, "f16", "f16"), ids, all_logits=True)  # the LM head too
     assert {"dequantize_q8_0", "softmax_lengths_f32", "get_rows_f16"} <= set(backend.k.launched)
     assert not {"matvec_q8_0", "matvec_batch_q8_0", "attention_f16_f16"} & set(backend.k.launched)
     backend.k.launched.clear()
-    gpu.forward(gpu.new_context(64, "f16", "f16"), ids[:cuda_attention.FUSED_MAX_TOKENS])
+    gpu.forward_seq(gpu.new_context(64, "f16", "f16"), ids[:FUSED_MAX_TOKENS])
     assert {"matvec_batch_q8_0", "matvec_q8_0", "attention_f16_f16"} <= set(backend.k.launched)  # the LM head: one token
     assert not {"dequantize_q8_0", "softmax_lengths_f32"} & set(backend.k.launched)
+
+
+def test_decode_rows_take_one_launch_per_op(backend):
+    """However many rows a decode step holds, and whichever slots: one attention launch per attention
+    layer and one launch of each recurrent op per Gated DeltaNet layer, which a graph can replay."""
+    _, gpu = model_pair("tiny-qwen35-f32", backend)
+    rows = FUSED_MAX_TOKENS + 4
+    cache = gpu.new_cache(rows, 8, "f16", "f16")
+    slots = np.random.default_rng(5).permutation(rows).astype(np.int32)
+    backend.k.launched.clear()
+    gpu.forward_rows(cache, np.arange(rows, dtype=np.int32), slots, np.zeros(rows, np.int32))
+    recurrent = sum(gpu.cfg.recurrent)
+    count = {name: backend.k.launched.count(name) for name in ("attention_f16_f16", "ssm_conv_f32", "delta_net_f32")}
+    assert count == {"attention_f16_f16": gpu.cfg.n_layer - recurrent, "ssm_conv_f32": recurrent, "delta_net_f32": recurrent}
+    assert "softmax_lengths_f32" not in backend.k.launched
+
+
+def test_batch_layout_splits_runs_and_groups_equal_ones(backend):
+    # Padding rows repeat the scratch slot (5) at position 0: each is a run of its own.
+    slots = np.array([3, 3, 3, 0, 1, 1, 1, 2, 5, 5], np.int32)
+    pos = np.array([4, 5, 6, 9, 0, 1, 2, 7, 0, 0], np.int32)
+    layout = backend.batch_layout(slots, pos)
+    assert layout.runs == (Run(3, 0, 3), Run(0, 3, 4), Run(1, 4, 7), Run(2, 7, 8), Run(5, 8, 9), Run(5, 9, 10))
+    assert layout.groups == ((0, 3, 3), (3, 4, 1), (4, 7, 3), (7, 10, 1))
+    assert (layout.max_slot, layout.max_pos) == (5, 9)
+    np.testing.assert_array_equal(host(backend, layout.slots), slots)
+    np.testing.assert_array_equal(host(backend, layout.pos), pos)
+
+
+def test_attention_launches_short_runs_together(backend):
+    long = FUSED_MAX_TOKENS + 1
+    runs = (Run(0, 0, 1), Run(1, 1, 3), Run(2, 3, 3 + long), Run(3, 3 + long, 4 + long), Run(4, 4 + long, 5 + long))
+    assert cuda_attention._spans(runs) == [(0, 3, None), (3, 3 + long, 2), (3 + long, 5 + long, None)]
 
 
 def test_quantized_weights_stay_quantized(backend):
@@ -110,7 +145,7 @@ def test_bench_models_load_and_run(backend, tmp_path, mix, types):
     assert {t.ggml_type for t in f.tensors.values()} == types
     cpu, gpu = Model(f, CPU), Model(f, backend)
     ids = np.arange(5, dtype=np.int32) * 7
-    want = cpu.forward(cpu.new_context(16), ids, all_logits=True)
-    got = backend.to_host(gpu.forward(gpu.new_context(16, "f32", "f32"), ids, all_logits=True))
+    want = cpu.forward_seq(cpu.new_context(16), ids, all_logits=True)
+    got = backend.to_host(gpu.forward_seq(gpu.new_context(16, "f32", "f32"), ids, all_logits=True))
     assert np.all(np.isfinite(want)) and np.abs(want).max() > 1e-3
     assert relative(got, want) < 2e-5

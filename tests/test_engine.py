@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends.numpy_backend import NumpyBackend
-from llogos_cli.engine import Generation, Session, StopCriteria, StopFilter
-from llogos_cli.gguf_file import GGUFFile
-from llogos_cli.model import Model
-from llogos_cli.sampling import Sampler, SamplingParams
-from llogos_cli.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, need
+from llogos_cli.engine.generation import Generation
+from llogos_cli.engine.sampling import Sampler, SamplingParams
+from llogos_cli.engine.session import Session
+from llogos_cli.engine.stops import StopCriteria, StopFilter
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.forward import Model
+from llogos_cli.tokenizer.tokenizer import Tokenizer
+from tests.conftest import FIXTURES, need, relative_error
 
 
 def model(name: str) -> Model:
@@ -17,7 +19,7 @@ def model(name: str) -> Model:
 
 
 def fresh_logits(m: Model, ids: list[int]) -> np.ndarray:
-    return m.forward(m.new_context(64), np.asarray(ids, np.int32))[-1]
+    return m.forward_seq(m.new_context(64), np.asarray(ids, np.int32))[-1]
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-f32", "tiny-qwen35-f32"])
@@ -32,12 +34,12 @@ def test_evaluate_reuses_the_common_prefix(name):
         session.step(t)
     logits = session.evaluate(prompt)    # regenerate the reply: only the prompt's last token again
     assert session.last_evaluated == 1
-    np.testing.assert_allclose(logits, fresh_logits(m, prompt), rtol=1e-5, atol=1e-5)
+    assert relative_error(logits, fresh_logits(m, prompt)) < 1e-5
     for t in reply:
         session.step(t)
     logits = session.evaluate(prompt + reply + more)   # the next turn: only what is new
     assert session.last_evaluated == len(more)
-    np.testing.assert_allclose(logits, fresh_logits(m, prompt + reply + more), rtol=1e-5, atol=1e-5)
+    assert relative_error(logits, fresh_logits(m, prompt + reply + more)) < 1e-5
 
 
 def test_recurrent_state_resumes_from_the_mark_when_a_reply_renders_differently():
@@ -51,10 +53,10 @@ def test_recurrent_state_resumes_from_the_mark_when_a_reply_renders_differently(
     # point of difference, so it resumes from the mark before the prompt's last token.
     logits = session.evaluate(prompt + other)
     assert session.last_evaluated == 1 + len(other)
-    np.testing.assert_allclose(logits, fresh_logits(m, prompt + other), rtol=1e-5, atol=1e-5)
+    assert relative_error(logits, fresh_logits(m, prompt + other)) < 1e-5
     logits = session.evaluate([4] + prompt)   # before the mark: only a rebuild will do
     assert session.last_evaluated == 1 + len(prompt)
-    np.testing.assert_allclose(logits, fresh_logits(m, [4] + prompt), rtol=1e-5, atol=1e-5)
+    assert relative_error(logits, fresh_logits(m, [4] + prompt)) < 1e-5
 
 
 def test_generation_limits_and_context_room():

@@ -2,12 +2,14 @@
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
-from gguf.quants import dequantize as reference_dequantize, quantize
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize as reference_dequantize
+from gguf.quants import quantize
 
 from llogos_cli.errors import LlogosError
-from llogos_cli.gguf_file import GGUFFile
-from llogos_cli.quants import SUPPORTED, dequantize
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.gguf.quants import SUPPORTED, dequantize
 
 # Byte offsets of the float16 scale fields in each block, so random blocks get finite scales.
 _F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2],

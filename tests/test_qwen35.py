@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends.numpy_backend import Matrix, NumpyBackend
-from llogos_cli.gguf_file import GGUFFile
-from llogos_cli.model import Model
-from tests.conftest import FIXTURES, need
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.forward import Model
+from tests.conftest import FIXTURES, need, relative_error
 
 TOLERANCE = 1e-4   # max |Δ| / max |logit|, the fixtures' float32 agreement
 
@@ -22,22 +22,19 @@ def oracle() -> dict:
     return dict(np.load(need(FIXTURES / "tiny-qwen35.oracle.npz")))
 
 
-def relative_error(ours: np.ndarray, expected: np.ndarray) -> float:
-    return float(np.abs(ours - expected).max() / np.abs(expected).max())
-
 
 def run_in_pieces(model: Model, ids: np.ndarray, sizes: list[int]) -> np.ndarray:
     assert sum(sizes) == len(ids)
     ctx = model.new_context(64)
     bounds = np.cumsum([0] + sizes)
-    return np.concatenate([model.forward(ctx, ids[a:b], all_logits=True) for a, b in zip(bounds, bounds[1:])])
+    return np.concatenate([model.forward_seq(ctx, ids[a:b], all_logits=True) for a, b in zip(bounds, bounds[1:])])
 
 
 # ------------------------------------------------------------------ whole model
 def test_fixture_is_hybrid(model):
     assert model.cfg.recurrent == (True, True, True, False)
     ctx = model.new_context(64)
-    assert [kv is None for kv in ctx.kv] == [True, True, True, False]
+    assert [kv is None for kv in ctx.cache.kv] == [True, True, True, False]
 
 
 @pytest.mark.parametrize("sizes", [[20], [1] * 20, [7, 1, 12]], ids=["prefill", "decode", "mixed"])
@@ -51,24 +48,23 @@ def test_recurrent_state_carries_the_past(model, oracle):
     """Clearing the DeltaNet state between two pieces must change the second piece's logits."""
     ids = oracle["ids"].astype(np.int32)
     ctx = model.new_context(64)
-    model.forward(ctx, ids[:10])
-    fresh = model.new_context(64)
-    ctx.state = fresh.state
-    logits = model.forward(ctx, ids[10:], all_logits=True)
+    model.forward_seq(ctx, ids[:10])
+    ctx.cache.reset(0)
+    logits = model.forward_seq(ctx, ids[10:], all_logits=True)
     assert relative_error(logits, oracle["logits"][10:]) > 1e-2
 
 
 def test_rewind_is_refused_but_snapshot_restores(model, oracle):
     ids = oracle["ids"].astype(np.int32)
     ctx = model.new_context(64)
-    model.forward(ctx, ids[:8])
+    model.forward_seq(ctx, ids[:8])
     assert not ctx.rewind(5)
     snap = ctx.snapshot()
-    model.forward(ctx, ids[8:12])                        # a reply we then throw away
+    model.forward_seq(ctx, ids[8:12])                        # a reply we then throw away
     for _ in range(2):                                   # restoring works more than once
         ctx.restore(snap)
         assert ctx.n_past == 8
-        logits = model.forward(ctx, ids[8:], all_logits=True)
+        logits = model.forward_seq(ctx, ids[8:], all_logits=True)
         assert relative_error(logits, oracle["logits"][8:]) < TOLERANCE
 
 
@@ -103,13 +99,18 @@ def random_delta_inputs(rng, T, n_k=2, n_v=6, dk=8, dv=5):
 def test_delta_net_matches_token_by_token_loop(pieces):
     q, k, v, g, beta, state0 = random_delta_inputs(np.random.default_rng(0), sum(pieces))
     expected, expected_state = reference_delta_net(q, k, v, g, beta, state0)
-    b, state = NumpyBackend(), state0.copy()
+    b, state = NumpyBackend(), state0[None].copy()
     bounds = np.cumsum([0] + pieces)
-    out = np.concatenate([b.delta_net(q[s], k[s], v[s], g[s], beta[s], state)
+    out = np.concatenate([b.delta_net(q[s], k[s], v[s], g[s], beta[s], state, one_run(b, s.start, s.stop))
                           for s in (slice(a, e) for a, e in zip(bounds, bounds[1:]))])
     assert out.dtype == np.float32 and out.shape == v.shape
     np.testing.assert_allclose(out, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
-    np.testing.assert_allclose(state, expected_state, rtol=0, atol=2e-5 * np.abs(expected_state).max())
+    np.testing.assert_allclose(state[0], expected_state, rtol=0, atol=2e-5 * np.abs(expected_state).max())
+
+
+def one_run(b, pos0: int, pos1: int):
+    """The batch layout of one sequence's tokens at positions pos0..pos1-1 in slot 0."""
+    return b.batch_layout(np.zeros(pos1 - pos0, np.int32), np.arange(pos0, pos1, dtype=np.int32))
 
 
 def test_delta_net_survives_strong_decay():
@@ -117,10 +118,10 @@ def test_delta_net_survives_strong_decay():
     q, k, v, g, beta, state0 = random_delta_inputs(np.random.default_rng(1), 64)
     g = (g * 100).astype(np.float32)                     # cumulative log-decay near -3000
     expected, expected_state = reference_delta_net(q, k, v, g, beta, state0)
-    state = state0.copy()
-    out = NumpyBackend().delta_net(q, k, v, g, beta, state)
+    b, state = NumpyBackend(), state0[None].copy()
+    out = b.delta_net(q, k, v, g, beta, state, one_run(b, 0, len(q)))
     np.testing.assert_allclose(out, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
-    np.testing.assert_allclose(state, expected_state, rtol=0, atol=2e-5 * np.abs(expected_state).max())
+    np.testing.assert_allclose(state[0], expected_state, rtol=0, atol=2e-5 * np.abs(expected_state).max())
 
 
 def test_ssm_conv_with_carried_state_equals_one_long_convolution():
@@ -130,11 +131,12 @@ def test_ssm_conv_with_carried_state_equals_one_long_convolution():
     w = rng.standard_normal((C, K)).astype(np.float32)
     # Causal depthwise convolution from zeros, one channel at a time: out[t] = sum_j w[j] x[t + j - (K-1)].
     expected = np.stack([np.convolve(x[:, c], w[c, ::-1])[:T] for c in range(C)], axis=1)
-    b, kernel = NumpyBackend(), Matrix(raw=None, qtype=None, dense=w)
-    conv_state = b.zeros((K - 1, C))
-    out = np.concatenate([b.ssm_conv(x[a:e], conv_state, kernel) for a, e in [(0, 7), (7, 8), (8, 10), (10, T)]])
+    b, kernel = NumpyBackend(), Matrix(raw=None, qtype=None, dense=w, in_products=True)
+    conv_state = b.zeros((1, K - 1, C))
+    out = np.concatenate([b.ssm_conv(x[a:e], conv_state, kernel, one_run(b, a, e))
+                          for a, e in [(0, 7), (7, 8), (8, 10), (10, T)]])
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(conv_state, x[-(K - 1):])
+    np.testing.assert_array_equal(conv_state[0], x[-(K - 1):])
 
 
 def test_softplus_and_silu():

@@ -3,10 +3,13 @@
 import numpy as np
 import pytest
 
-from llogos_cli.engine import Generation, Session, StopCriteria
-from llogos_cli.loader import load
-from llogos_cli.perplexity import perplexity
-from llogos_cli.sampling import Sampler, SamplingParams, log_softmax
+from llogos_cli.engine.batch import BatchEngine, Request
+from llogos_cli.engine.generation import Generation
+from llogos_cli.engine.perplexity import perplexity
+from llogos_cli.engine.sampling import Sampler, SamplingParams, log_softmax
+from llogos_cli.engine.session import Session
+from llogos_cli.engine.stops import StopCriteria
+from llogos_cli.model.loader import load
 from tests.conftest import REFERENCE, model_path, need, reference
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
@@ -24,7 +27,7 @@ def test_teacher_forced_logprobs_match_transformers_and_llama_cpp(loaded):
         prompt, generated = case["prompt_ids"], case["llamacpp"]["generated_ids"]
         assert m.tokenizer.encode(case["prompt"]) == prompt
         ctx = m.model.new_context(256)
-        logits = m.model.forward(ctx, np.asarray(prompt + generated, np.int32), all_logits=True)
+        logits = m.model.forward_seq(ctx, np.asarray(prompt + generated, np.int32), all_logits=True)
         for step in case["transformers_fp32"]["teacher_forced"]:
             lp = log_softmax(logits[step["pos"]])
             for token_id, expected in step["top5"]:
@@ -62,3 +65,22 @@ def test_perplexity_within_one_percent_of_llama_cpp(loaded, n_ctx):
     result = perplexity(m.model, m.tokenizer, text, n_ctx)
     assert result.n_chunks == expected["n_chunks"] and result.scored_tokens == expected["scored_tokens"]
     assert abs(result.ppl / expected["ppl"] - 1) < 0.01, (name, n_ctx, result.ppl, expected["ppl"])
+
+
+def test_sixteen_batched_rows_reproduce_each_prompt_alone(loaded):
+    """The reference prompts, four rows each with different lengths, in one batch of 16 slots."""
+    name, m, ref = loaded
+    cases = [(c, n) for c in ref["generation"] for n in (6, 10, 14, 18)][:16]
+    requests = [Request(i, c["prompt_ids"], SamplingParams(temp=0.0), StopCriteria(n, ignore_eos=True))
+                for i, (c, n) in enumerate(cases)]
+    batched = {r.id: r.tokens for r in BatchEngine(m.model, m.tokenizer, 16, 256).generate(requests)}
+    for r in requests:
+        alone = list(Generation(Session(m.model, 256), m.tokenizer, r.prompt, Sampler(SamplingParams(temp=0.0), 256),
+                                r.criteria, n_logprobs=2))
+        for ours, token in zip(batched[r.id], alone):
+            if ours != token.id:
+                (_, lp1), (_, lp2) = token.logprobs
+                assert lp1 - lp2 < 1e-3, (name, r.id, "a batched row diverged where the model is decisive")
+                break
+        else:
+            assert len(batched[r.id]) == len(alone) == r.criteria.n_predict

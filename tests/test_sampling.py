@@ -5,8 +5,13 @@ import math
 import numpy as np
 import pytest
 
+from llogos_cli.engine.sampling import (
+    Sampler,
+    SamplingParams,
+    log_softmax,
+    top_logprobs,
+)
 from llogos_cli.errors import LlogosError
-from llogos_cli.sampling import Sampler, SamplingParams, log_softmax, top_logprobs
 
 
 def draws(params: SamplingParams, logits: np.ndarray, n: int = 200) -> list[int]:

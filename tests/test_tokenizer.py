@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from llogos_cli.errors import LlogosError
-from llogos_cli.gguf_file import GGUFFile
-from llogos_cli.tokenizer import StreamDecoder, Tokenizer
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.tokenizer.tokenizer import StreamDecoder, Tokenizer
 from tests.conftest import FIXTURES, REFERENCE, model_path, need, reference
 
 MODELS = ("smollm2-135m", "gemma3-270m")

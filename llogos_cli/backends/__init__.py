@@ -2,29 +2,51 @@
 
 Every backend implements the same methods on its own array type (NumPy on CPU, CuPy on GPU):
 
-  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · to_host(x) · decoder(model, ctx)
+  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · to_host(x) · decoder(model, cache)
+  batch       batch_layout(slots, pos)
   embedding   embed(table, ids)
   arithmetic  matmul(x, w) · add(a, b) · mul(a, b) · scale(x, s) · sigmoid(x) · silu(x) · softplus(x)
   norms       rmsnorm(x, w, eps) · l2norm(x, eps)
   positions   rope(x, pos, dims, base, freq_scale, neox, factors=None)
-  attention   kv_cache(n_ctx, n_kv, dk, dv, type_k, type_v) · kv_store(cache, k, v, pos0)
-              attention(q, cache, pos0, scale, window)
+  attention   kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) · kv_store(cache, k, v, layout)
+              attention(q, cache, layout, scale, window)
   ffn         glu(gate, up, gelu)
-  recurrence  zeros(shape) · ssm_conv(x, conv_state, w) · delta_net(q, k, v, g, beta, state)
-  sampling    argmax(row)
+  recurrence  zeros(shape) · ssm_conv(x, conv_state, w, layout) · delta_net(q, k, v, g, beta, state, layout)
+  sampling    argmax_rows(logits)
 
 Shapes are (tokens, features) or (tokens, heads, head_dim); weights are (out, in).
 
-The recurrence ops (Gated DeltaNet layers) work on float32 arrays and advance their state in place:
-  zeros(shape)            a float32 array of zeros: per-sequence recurrent state
-  ssm_conv(x, conv_state, w)
-                          causal depthwise convolution: x (T, C), conv_state (K-1, C) the inputs
-                          before x, w the (C, K) kernel from matrix(); out[t] = sum_j w[:, j] *
-                          [conv_state; x][t + j]. conv_state becomes the last K-1 rows. -> (T, C)
-  delta_net(q, k, v, g, beta, state)
-                          gated delta rule over T tokens: q, k (T, Hk, dk); v (T, Hv, dv); g, beta
-                          (T, Hv); state (Hv, dv, dk). Value head h reads key head h % Hk. Per token
-                          and head: S = exp(g) S; S += beta (v - S k) k^T; out = S q. -> (T, Hv, dv)
+A forward pass runs a batch of T tokens from one or more sequences, in llama.cpp's llama_batch
+manner: token t belongs to cache slot slots[t] at position pos[t]. The tokens of one slot form one
+contiguous run with consecutive positions (a prompt chunk, or a single decode token), and a slot
+has at most one run in a batch. batch_layout(slots, pos) (int32 host arrays) is called once per
+forward pass; what it returns is handed to every layer's kv_store, attention, ssm_conv and delta_net.
+
+  kv_cache(n_slots, n_ctx, ...)  n_slots independent regions of n_ctx positions each
+  kv_store(cache, k, v, layout)  k (T, n_kv, dk), v (T, n_kv, dv): token t is written at
+                                 (slots[t], pos[t])
+  attention(q, cache, layout, scale, window)
+                                 q (T, H, dk): token t attends the keys of its own slot at positions
+                                 [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: from 0), the
+                                 batch's own keys included. -> (T, H, dv)
+  argmax_rows(logits)            logits (R, n_vocab) -> host int array (R,): each row's argmax,
+                                 taken where the logits are
+  decoder(model, cache)          the decode step of R running rows, one token each:
+                                 step(tokens, slots, pos) -> logits (R, n_vocab) as backend arrays
+
+The recurrence ops (Gated DeltaNet layers) work on float32 arrays and advance their state in place.
+Their states hold one region per slot, the first axis; each run of the batch reads and advances
+its own slot's region:
+  zeros(shape)            a float32 array of zeros: recurrent state
+  ssm_conv(x, conv_state, w, layout)
+                          causal depthwise convolution: x (T, C), conv_state (n_slots, K-1, C) the
+                          inputs before each run, w the (C, K) kernel from matrix(); within a run,
+                          out[t] = sum_j w[:, j] * [conv_state[slot]; x][t + j]. conv_state[slot]
+                          becomes the run's last K-1 rows. -> (T, C)
+  delta_net(q, k, v, g, beta, state, layout)
+                          gated delta rule: q, k (T, Hk, dk); v (T, Hv, dv); g, beta (T, Hv); state
+                          (n_slots, Hv, dv, dk). Value head h reads key head h % Hk. Per token and
+                          head: S = exp(g) S; S += beta (v - S k) k^T; out = S q. -> (T, Hv, dv)
 """
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -52,7 +74,9 @@ def cuda_available() -> bool:
         return False
 
 
-def get_backend(name: str):
+def get_backend(name: str, cpu_weights: str = "f32"):
+    """The backend `name` (cpu, cuda, auto); a CPU backend holds its weights as cpu_weights says
+    (f32 or quantized: see numpy_backend)."""
     if name not in BACKENDS:
         raise LlogosError(f"unknown backend '{name}' (choose from {', '.join(BACKENDS)})")
     gpu = name != "cpu" and cuda_available()
@@ -68,4 +92,4 @@ def get_backend(name: str):
             from llogos_cli.console import warn
             warn(f"{e}; running on the CPU")
     from llogos_cli.backends.numpy_backend import NumpyBackend
-    return NumpyBackend()
+    return NumpyBackend(cpu_weights)

@@ -5,19 +5,27 @@ the KV cache defaults to f16 (f32 and q8_0 on request, like llama.cpp's --cache-
 Kernels are reached through a provider: cuda_kernels.CudaKernels (CuPy) on a GPU, the CPU
 emulator in the tests.
 
-Host inputs (token ids, positions) go into device buffers that are rewritten in place while their
-shape stays the same, and the kernels read positions from there: a decode step captured in a
-CUDA graph (cuda_graph) replays at the next position once those buffers are updated.
+Host inputs (token ids, slots, positions) go into device buffers that are rewritten in place while
+their shape stays the same, and the kernels read slots and positions from there: a decode step
+captured in a CUDA graph (cuda_graph) replays for other rows at later positions once those buffers
+are updated.
 """
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llogos_cli import quants
-from llogos_cli.backends import cuda_attention, cuda_ops, cuda_recurrent
+from llogos_cli.backends import cuda_attention, cuda_batch, cuda_ops, cuda_recurrent
 from llogos_cli.backends.cuda_attention import KVCache
-from llogos_cli.backends.cuda_matmul import QuantMatrix, Scratch, get_rows, matmul, upload
+from llogos_cli.backends.cuda_batch import Layout
+from llogos_cli.backends.cuda_matmul import (
+    QuantMatrix,
+    Scratch,
+    get_rows,
+    matmul,
+    upload,
+)
 from llogos_cli.errors import LlogosError
+from llogos_cli.gguf import quants
 
 
 class CudaBackend:
@@ -48,10 +56,10 @@ class CudaBackend:
     def synchronize(self) -> None:
         self.k.synchronize()
 
-    def decoder(self, model, ctx):
-        """The one-token decode step for ctx, captured once in a CUDA graph and replayed after."""
-        from llogos_cli.backends.cuda_graph import DecodeGraph
-        return DecodeGraph(model, ctx).step
+    def decoder(self, model, cache):
+        """The decode step of R rows of the cache, replayed from a CUDA graph per batch-size bucket."""
+        from llogos_cli.backends.cuda_graph import Decoder
+        return Decoder(model, cache).step
 
     def device_input(self, name: str, values: np.ndarray):
         """Host values in the device buffer kept under `name` (a new buffer only if the shape changed)."""
@@ -69,11 +77,14 @@ class CudaBackend:
         """Hand the input buffers over (to a captured graph, which rewrites them); use new ones."""
         self._inputs.clear()
 
-    def _positions(self, pos0: int, n: int):
-        return self.device_input("pos", np.arange(pos0, pos0 + n, dtype=np.int32))
-
     def _c(self, x):
         return self.xp.ascontiguousarray(x)
+
+    # ---------------------------------------------------------------- batch
+    def batch_layout(self, slots: np.ndarray, pos: np.ndarray) -> Layout:
+        """The runs of a forward pass's batch, with its slots and positions in device buffers."""
+        slots, pos = np.asarray(slots, np.int32), np.asarray(pos, np.int32)
+        return cuda_batch.batch_layout(slots, pos, self.device_input("slots", slots), self.device_input("pos", pos))
 
     # ---------------------------------------------------------------- ops
     def embed(self, table: QuantMatrix, ids: np.ndarray):
@@ -123,34 +134,36 @@ class CudaBackend:
         return cuda_ops.glu(self.k, self._c(gate), self._c(up), gelu)
 
     # ---------------------------------------------------------------- attention
-    def kv_cache(self, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
-        return cuda_attention.kv_cache(self.xp, n_ctx, n_kv, dk, dv, type_k, type_v)
+    def kv_cache(self, n_slots: int, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
+        return cuda_attention.kv_cache(self.xp, n_slots, n_ctx, n_kv, dk, dv, type_k, type_v)
 
-    def kv_store(self, cache: KVCache, k, v, pos0: int) -> None:
-        cuda_attention.kv_store(self.k, cache, self._c(k), self._c(v), self._positions(pos0, k.shape[0]))
+    def kv_store(self, cache: KVCache, k, v, layout: Layout) -> None:
+        cuda_attention.kv_store(self.k, cache, self._c(k), self._c(v), layout)
 
-    def attention(self, q, cache: KVCache, pos0: int, scale: float, window: int):
-        """Causal attention of q (T, H, dk) at positions pos0.. over the cache; -> (T, H, dv)."""
-        pos = self._positions(pos0, q.shape[0])
-        return cuda_attention.attention(self.k, self._c(q), cache, pos0, pos, scale, window)
+    def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int):
+        """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv)."""
+        return cuda_attention.attention(self.k, self._c(q), cache, layout, scale, window)
 
     # ---------------------------------------------------------------- recurrence (Gated DeltaNet)
     def zeros(self, shape: tuple[int, ...]):
         return self.xp.zeros(shape, np.float32)
 
-    def ssm_conv(self, x, conv_state, w: QuantMatrix):
-        """Causal depthwise convolution of x (T, C) after conv_state (K-1, C), advanced in place; -> (T, C)."""
+    def ssm_conv(self, x, conv_state, w: QuantMatrix, layout: Layout):
+        """Causal depthwise convolution of x (T, C), each run after its slot's conv_state (n_slots,
+        K-1, C), advanced in place; -> (T, C)."""
         kernel = self._conv_kernels.get(id(w))
-        if kernel is None:   # decoded once, on the first (prefill) call, never inside a captured graph
+        if kernel is None:   # decoded once, on the first call: an eager one (cuda_graph warms up first)
             kernel = get_rows(self.k, w.raw, w.qtype, self.xp.arange(w.rows, dtype=np.int32))  # (C, K) float32
             self._conv_kernels[id(w)] = kernel
-        return cuda_recurrent.ssm_conv(self.k, self._c(x), conv_state, kernel)
+        return cuda_recurrent.ssm_conv(self.k, self._c(x), conv_state, kernel, layout)
 
-    def delta_net(self, q, k, v, g, beta, state):
-        """Gated delta rule over T tokens, advancing state (Hv, dv, dk) in place; -> (T, Hv, dv)."""
+    def delta_net(self, q, k, v, g, beta, state, layout: Layout):
+        """Gated delta rule, each run advancing its slot's state (n_slots, Hv, dv, dk) in place;
+        -> (T, Hv, dv)."""
         c = self._c
-        return cuda_recurrent.delta_net(self.k, c(q), c(k), c(v), c(g), c(beta), state)
+        return cuda_recurrent.delta_net(self.k, c(q), c(k), c(v), c(g), c(beta), state, layout)
 
     # ---------------------------------------------------------------- sampling
-    def argmax(self, row) -> int:
-        return int(self.to_host(cuda_ops.argmax(self.k, self._c(row)))[0])
+    def argmax_rows(self, logits) -> np.ndarray:
+        """Each row's argmax, taken on the device: only R ints cross to the host."""
+        return self.to_host(cuda_ops.argmax_rows(self.k, self._c(logits)))

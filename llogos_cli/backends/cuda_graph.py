@@ -1,42 +1,86 @@
-"""Decode steps replayed from a CUDA graph: one launch per token instead of hundreds.
+"""Decode steps replayed from CUDA graphs: one launch per step instead of hundreds.
 
 A decode step of a small model is bound by launch overhead, not by memory: SmolLM2-135M reads
 ~100 MB per token (~35 µs at H100 bandwidth) but launches ~400 kernels (~5 µs each from Python).
-The first step is captured; each later one writes its token and position into the device buffers
-the captured kernels read, and replays. Everything else a step touches is fixed at capture: the
-weights, the KV cache, and the intermediates, which the capture keeps alive. Only one-token steps
-are captured, which take the same kernels at every position.
+A step of R rows (one token each, of R sequences) is padded to the next bucket size with rows at
+the cache's scratch pad_slot, position 0, and each bucket is captured once, on first use. Later
+steps write their tokens, slots and positions into the device buffers the captured kernels read,
+and replay. Everything else a step touches is fixed at capture: the weights, the cache, and the
+intermediates, which the capture keeps alive. The launches of a bucket's step are the same
+whatever rows it holds (cuda_batch), which is what makes the replay valid.
 """
 
 import numpy as np
 
 from llogos_cli.errors import LlogosError
 
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
-class DecodeGraph:
-    def __init__(self, model, ctx):
-        self.model, self.ctx = model, ctx
-        self._graph = None
-        self._logits = self._ids = self._pos = None
 
-    def step(self, token: int):
-        """Logits (1, n_vocab), on the device, of `token` at position ctx.n_past; advances ctx."""
-        model, ctx, b = self.model, self.ctx, self.model.b
-        if ctx.n_past >= ctx.n_ctx:
-            raise LlogosError(f"context is full: {ctx.n_past} + 1 tokens exceed --ctx-size {ctx.n_ctx}")
-        if not 0 <= token < model.cfg.n_vocab:
-            raise LlogosError(f"token id {token} outside the vocabulary [0, {model.cfg.n_vocab})")
-        if self._graph is None:
-            # The forward pass reads its inputs from the buffers device_input hands out; the graph
-            # takes them over, and the backend uses new ones from then on.
-            ids = np.array([token], np.int32)
-            self._ids = b.device_input("ids", ids)
-            self._pos = b.device_input("pos", np.array([ctx.n_past], np.int32))
-            self._graph, self._logits = b.k.capture(lambda: model.forward(ctx, ids))
-            b.release_inputs()
-        else:
-            self._ids[...] = token
-            self._pos[...] = ctx.n_past
-            ctx.n_past += 1
+class Decoder:
+    """step(tokens, slots, pos) -> logits (R, n_vocab) of one decode step of a cache's rows."""
+
+    def __init__(self, model, cache, buckets: tuple[int, ...] = BUCKETS):
+        self.model, self.cache, self.buckets = model, cache, buckets
+        self._graphs: dict[int, _BucketGraph] = {}
+
+    def step(self, tokens, slots, pos):
+        """Logits on the device, valid until the next step (a replay rewrites them)."""
+        tokens, slots, pos = (np.asarray(a, np.int32).reshape(-1) for a in (tokens, slots, pos))
+        self._check(tokens, slots, pos)
+        most = self.buckets[-1]
+        if len(tokens) <= most:
+            return self._replay(tokens, slots, pos)
+        # More rows than the largest bucket: in chunks of it, each copied out before the next replay.
+        out = self.model.b.xp.empty((len(tokens), self.model.cfg.n_vocab), np.float32)
+        for r0 in range(0, len(tokens), most):
+            r = slice(r0, r0 + most)
+            out[r] = self._replay(tokens[r], slots[r], pos[r])
+        return out
+
+    def _check(self, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray) -> None:
+        cache, n_vocab = self.cache, self.model.cfg.n_vocab
+        if not len(tokens) == len(slots) == len(pos) > 0:
+            raise LlogosError("a decode step needs one slot and one position per token")
+        if tokens.min() < 0 or tokens.max() >= n_vocab:
+            raise LlogosError(f"token id outside the vocabulary [0, {n_vocab})")
+        if slots.min() < 0 or slots.max() >= cache.n_slots or len(np.unique(slots)) != len(slots):
+            raise LlogosError(f"a decode step needs distinct slots in [0, {cache.n_slots})")
+        if pos.min() < 0 or pos.max() >= cache.n_ctx:
+            raise LlogosError(f"context is full: position {pos.max()} is past --ctx-size {cache.n_ctx}")
+
+    def _replay(self, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray):
+        rows = len(tokens)
+        size = next(n for n in self.buckets if n >= rows)
+        graph = self._graphs.get(size)
+        if graph is None:
+            graph = self._graphs[size] = _BucketGraph(self.model, self.cache, size)
+        pad = size - rows
+        graph.launch(np.pad(tokens, (0, pad)), np.pad(slots, (0, pad), constant_values=self.cache.pad_slot),
+                     np.pad(pos, (0, pad)))
+        return graph.logits[:rows]
+
+
+class _BucketGraph:
+    """The captured step of `size` rows."""
+
+    def __init__(self, model, cache, size: int):
+        b = model.b
+        tokens, slots, pos = np.zeros(size, np.int32), np.full(size, cache.pad_slot, np.int32), np.zeros(size, np.int32)
+        # First one step run eagerly, on padding rows (they write only the scratch slot): it compiles
+        # the kernels and makes the buffers the backend keeps and grows on demand (dequantization
+        # scratch, decoded conv kernels, rope factors) outside the capture, which must not allocate
+        # memory that outlives it.
+        model.forward_rows(cache, tokens, slots, pos)
+        # The forward pass reads its inputs from the buffers device_input hands out; the graph takes
+        # them over, and the backend uses new ones from then on.
+        self.ids, self.slots, self.pos = (b.device_input(name, a) for name, a in
+                                          (("ids", tokens), ("slots", slots), ("pos", pos)))
+        self._graph, self.logits = b.k.capture(lambda: model.forward_rows(cache, tokens, slots, pos))
+        b.release_inputs()
+        self._xp = b.xp
+
+    def launch(self, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray) -> None:
+        for buffer, values in ((self.ids, tokens), (self.slots, slots), (self.pos, pos)):
+            buffer[...] = self._xp.asarray(values)
         self._graph.launch()
-        return self._logits

@@ -64,6 +64,7 @@ class CudaKernels:
         self._options = nvrtc_options()
         self._alpha, self._beta = np.ones(1, np.float32), np.zeros(1, np.float32)
         self._capture_stream = None
+        self._capturing = False
 
     def function(self, module: str, name: str):
         if name not in self._functions:
@@ -79,8 +80,11 @@ class CudaKernels:
         check(a, np.float16, "a")
         check(b, np.float16, "b")
         assert out.dtype == np.float32 and out.shape == (m, n) and out.strides[1] == 4
+        handle = self.xp.cuda.device.get_cublas_handle()
+        if not self._capturing:  # on the stream of the work around it (capture() sets the capture's)
+            self._cublas.setStream(handle, self.xp.cuda.get_current_stream().ptr)
         # cuBLAS is column-major: it computes outᵀ (N, M) = b · aᵀ, reading row-major b as bᵀ.
-        self._cublas.gemmEx(self.xp.cuda.device.get_cublas_handle(), _CUBLAS_OP_T, _CUBLAS_OP_N, n, m, k,
+        self._cublas.gemmEx(handle, _CUBLAS_OP_T, _CUBLAS_OP_N, n, m, k,
                             self._alpha.ctypes.data, b.data.ptr, _CUDA_R_16F, k, a.data.ptr, _CUDA_R_16F, k,
                             self._beta.ctypes.data, out.data.ptr, _CUDA_R_32F, out.strides[0] // 4,
                             _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
@@ -95,11 +99,16 @@ class CudaKernels:
             self._capture_stream = cupy.cuda.Stream(non_blocking=True)
         stream, pool = self._capture_stream, cupy.cuda.MemoryPool()
         with stream, cupy.cuda.using_allocator(pool.malloc):
+            # GEMMs (decode steps of many rows) must go to the capture stream, and CuPy refuses to
+            # set a cuBLAS handle's stream while it captures: set it before.
+            self._cublas.setStream(self.xp.cuda.device.get_cublas_handle(), stream.ptr)
+            self._capturing = True
             stream.begin_capture()
             try:
                 result = fn()
             finally:
                 graph = stream.end_capture()
+                self._capturing = False
         return _Graph(graph, pool), result
 
     def to_host(self, x) -> np.ndarray:

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 
-from llogos_cli import quants
 from llogos_cli.backends.cuda_kernels import TYPE_SUFFIX, cdiv, check
 from llogos_cli.errors import LlogosError
+from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 8    # activation rows one matvec launch takes (MATVEC_MAX_TOKENS in matvec.cu)
 MATVEC_WARPS = 4         # output rows per matvec thread block, one per warp
@@ -81,7 +82,8 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch):
         for t0 in range(0, n_tok, MATVEC_MAX_TOKENS):
             matvec(k, x[t0:t0 + MATVEC_MAX_TOKENS], w, y[t0:t0 + MATVEC_MAX_TOKENS])
         return y
-    x16 = x.astype(np.float16)
+    x16 = k.xp.empty(x.shape, np.float16)
+    dequantize(k, x.view(np.uint8), T.F32, x16)  # as astype(float16), in a kernel the emulator's graphs replay too
     buf, chunk = scratch.rows(w)
     for r0 in range(0, w.rows, chunk):
         r1 = min(w.rows, r0 + chunk)

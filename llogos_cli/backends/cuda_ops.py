@@ -112,9 +112,11 @@ def softmax_lengths(k, x, lengths, window: int, scale: float):
     return y
 
 
-def argmax(k, x):
-    """The index of the largest element of x, as a device int32 array of one element."""
+def argmax_rows(k, x):
+    """The index of the largest element of each row of x (R, n), as a device int32 array (R,)."""
     check(x, np.float32, "x")
-    out = k.xp.empty(1, np.int32)
-    k.function("argmax", "argmax_f32")((1,), (1024,), (x, np.int32(x.size), out))
+    n_rows, n = x.shape
+    out = k.xp.empty(n_rows, np.int32)
+    if n_rows:
+        k.function("argmax", "argmax_rows_f32")((n_rows,), (1024,), (x, np.int32(n), out))
     return out

@@ -1,7 +1,10 @@
 """The reference backend: float32 NumPy on the CPU.
 
-Matrices used in products are expanded once to float32 so every product is one BLAS call;
-decode is then bounded by streaming those float32 weights from memory (see docs/PERF.md).
+Two ways to hold the matrices used in products (`weights`, chosen by the loader):
+- "f32": expanded once to float32 so every product is one BLAS call; decode is then bounded by
+  streaming 4 bytes a weight from memory (see docs/PERF.md). The reference.
+- "quantized": left in their GGUF blocks in the memory map and multiplied by the compiled kernels
+  of cpu_quant; memory is the file's size.
 Embedding tables stay quantized in the memory map and are dequantized a row at a time.
 """
 
@@ -10,71 +13,68 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llogos_cli import quants
-from llogos_cli.backends import Q8_0_BLOCK, check_cache_type
+from llogos_cli.backends.numpy_attention import AttentionOps
 from llogos_cli.backends.numpy_recurrent import RecurrentOps
+from llogos_cli.errors import LlogosError
+from llogos_cli.gguf import quants
 
-# Attention scores are computed for this many query rows at a time, bounding their memory.
-_QUERY_CHUNK = 256
+WEIGHTS = ("f32", "quantized")
+# Quantized mode expands matrices with rows shorter than this (a conv kernel (C, 4), which ssm_conv
+# reads as .dense): no block type has such rows, and they are too small to matter.
+_MIN_QUANT_ROW = 32
 
 
 @dataclass(slots=True)
 class Matrix:
     raw: np.ndarray                 # stored bytes (rows, bytes per row), memory-mapped
     qtype: GGMLQuantizationType
-    dense: np.ndarray | None        # float32 (rows, cols) when used in products
+    dense: np.ndarray | None        # float32 (rows, cols) that products use; None: products read raw
+    in_products: bool
 
     @property
     def nbytes(self) -> int:
         """Bytes a product with this matrix reads (a lookup-only table reads a row per token)."""
-        return self.dense.nbytes if self.dense is not None else 0
+        if not self.in_products:
+            return 0
+        return self.dense.nbytes if self.dense is not None else self.raw.nbytes
 
 
-@dataclass(slots=True)
-class KVCache:
-    k: np.ndarray  # (n_kv_heads, n_ctx, head_dim_k)
-    v: np.ndarray  # (n_kv_heads, n_ctx, head_dim_v)
-    type_k: str
-    type_v: str
-
-
-# q8_0 entries are held as float32 after a quantize/dequantize round trip: the same values a
-# q8_0 cache on the GPU yields, without a packed layout that NumPy could not use directly.
-_CACHE_DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.float32}
-
-
-def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
-    if cache_type != "q8_0":
-        return x
-    blocks = x.reshape(*x.shape[:-1], -1, Q8_0_BLOCK)
-    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
-    scaled = blocks * np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, 1, d))
-    q = np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))  # round half away from zero
-    return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
-
-
-class NumpyBackend(RecurrentOps):
+class NumpyBackend(AttentionOps, RecurrentOps):
     name = "cpu"
     parallel_load = True         # weights may be prepared on several threads
     default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to
 
-    def __init__(self):
+    def __init__(self, weights: str = "f32"):
+        if weights not in WEIGHTS:
+            raise LlogosError(f"unknown CPU weights mode '{weights}' (choose from {', '.join(WEIGHTS)})")
+        self.weights = weights
         self._rope_key = None
         self._rope_cos_sin = None
+        if weights == "quantized":   # imported here: numba's import and kernels cost the f32 path nothing
+            from llogos_cli.backends.cpu_quant import QuantMatmul
+            self._quant = QuantMatmul()
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         return quants.dequantize(raw.reshape(1, -1), qtype).reshape(-1)
 
     def matrix(self, raw: np.ndarray, qtype: GGMLQuantizationType, matmul: bool) -> Matrix:
-        return Matrix(raw, qtype, quants.dequantize(raw, qtype) if matmul else None)
+        if not matmul:
+            return Matrix(raw, qtype, None, False)
+        if self.weights == "f32":
+            return Matrix(raw, qtype, quants.dequantize(raw, qtype), True)
+        if qtype == GGMLQuantizationType.F32:   # its bytes are the float32 matrix: use them in place
+            return Matrix(raw, qtype, raw.view(np.float32), True)
+        if quants.row_elements(raw, qtype) < _MIN_QUANT_ROW:
+            return Matrix(raw, qtype, quants.dequantize(raw, qtype), True)   # e.g. a conv kernel (C, 4)
+        return Matrix(raw, qtype, None, True)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
-    def decoder(self, model, ctx):
-        """The one-token decode step for ctx: token id -> logits (1, n_vocab)."""
-        return lambda token: model.forward(ctx, np.array([token], np.int32))
+    def decoder(self, model, cache):
+        """The decode step of R rows of the cache, one token each: -> logits (R, n_vocab)."""
+        return lambda tokens, slots, pos: model.forward_rows(cache, tokens, slots, pos)
 
     def synchronize(self) -> None:
         pass
@@ -86,7 +86,9 @@ class NumpyBackend(RecurrentOps):
         return quants.dequantize(table.raw[ids], table.qtype)
 
     def matmul(self, x: np.ndarray, w: Matrix) -> np.ndarray:
-        return x @ w.dense.T
+        if w.dense is not None:
+            return x @ w.dense.T
+        return self._quant(x, w.raw, w.qtype)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
@@ -150,44 +152,6 @@ class NumpyBackend(RecurrentOps):
             g = self.silu(gate)
         return g * up
 
-    # ---------------------------------------------------------------- attention
-    def kv_cache(self, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
-        check_cache_type(type_k, dk)
-        check_cache_type(type_v, dv)
-        # np.zeros maps pages lazily, so a long context costs memory only as it fills.
-        return KVCache(np.zeros((n_kv, n_ctx, dk), _CACHE_DTYPE[type_k]), np.zeros((n_kv, n_ctx, dv), _CACHE_DTYPE[type_v]),
-                       type_k, type_v)
-
-    def kv_store(self, cache: KVCache, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
-        n = k.shape[0]
-        cache.k[:, pos0:pos0 + n] = _cache_round(k, cache.type_k).transpose(1, 0, 2)
-        cache.v[:, pos0:pos0 + n] = _cache_round(v, cache.type_v).transpose(1, 0, 2)
-
-    def attention(self, q: np.ndarray, cache: KVCache, pos0: int, scale: float, window: int) -> np.ndarray:
-        """Causal attention of q (T, H, dk) at positions pos0.. over the cache; -> (T, H, dv)."""
-        T, H, dk = q.shape
-        n_kv = cache.k.shape[0]
-        group = H // n_kv
-        n = pos0 + T
-        keys, values = cache.k[:, :n].astype(np.float32, copy=False), cache.v[:, :n].astype(np.float32, copy=False)
-        out = np.empty((T, H, cache.v.shape[2]), np.float32)
-        for t0 in range(0, T, _QUERY_CHUNK):
-            t1 = min(T, t0 + _QUERY_CHUNK)
-            qc = q[t0:t1].reshape(t1 - t0, n_kv, group, dk).transpose(1, 2, 0, 3)   # (kv, g, t, dk)
-            scores = (qc.reshape(n_kv, group * (t1 - t0), dk) @ keys.transpose(0, 2, 1)) * np.float32(scale)
-            qpos = np.arange(pos0 + t0, pos0 + t1)[:, None]
-            kpos = np.arange(n)[None, :]
-            masked = kpos > qpos
-            if window:
-                masked |= qpos - kpos >= window
-            scores = scores.reshape(n_kv, group, t1 - t0, n)
-            scores[:, :, masked] = -np.inf
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            scores /= scores.sum(axis=-1, keepdims=True)
-            o = scores.reshape(n_kv, group * (t1 - t0), n) @ values                   # (kv, g*t, dv)
-            out[t0:t1] = o.reshape(n_kv, group, t1 - t0, -1).transpose(2, 0, 1, 3).reshape(t1 - t0, H, -1)
-        return out
-
     # ---------------------------------------------------------------- sampling
-    def argmax(self, row: np.ndarray) -> int:
-        return int(np.argmax(row))
+    def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
+        return np.argmax(logits, axis=1)

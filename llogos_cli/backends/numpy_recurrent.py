@@ -26,37 +26,75 @@ class RecurrentOps:
     def softplus(self, x: np.ndarray) -> np.ndarray:
         return np.logaddexp(np.float32(0), x)  # log(1 + e^x) without overflow for large x
 
-    def ssm_conv(self, x: np.ndarray, conv_state: np.ndarray, w) -> np.ndarray:
-        """Causal depthwise convolution of x (T, C), continuing from conv_state (K-1, C), the
-        inputs before x; w holds the (C, K) kernel. Advances conv_state in place; -> (T, C)."""
-        T, kernel = x.shape[0], w.dense.shape[1]
-        xs = np.concatenate([conv_state, x])                          # (K-1+T, C)
-        out = xs[0:T] * w.dense[:, 0]
-        for j in range(1, kernel):
-            out += xs[j:j + T] * w.dense[:, j]
-        conv_state[:] = xs[T:]
+    def ssm_conv(self, x: np.ndarray, conv_state: np.ndarray, w, layout) -> np.ndarray:
+        """Causal depthwise convolution of x (T, C), each run continuing its slot's conv_state
+        (n_slots, K-1, C), the inputs before it; w holds the (C, K) kernel. Advances the state in
+        place; -> (T, C)."""
+        out = np.empty_like(x)
+        rows = layout.rows
+        if len(rows):   # decode rows: one token each, all at once
+            slots = layout.slots[rows]
+            xs = np.concatenate([conv_state[slots], x[rows, None]], axis=1)   # (R, K, C)
+            out[rows] = _taps(xs, w.dense, 1)
+            conv_state[slots] = xs[:, 1:]
+        for slot, t0, t1 in layout.runs:
+            out[t0:t1] = _conv(x[t0:t1], conv_state[slot], w.dense)
         return out
 
     def delta_net(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
-                  state: np.ndarray) -> np.ndarray:
-        """Gated delta rule over T tokens. q, k (T, Hk, dk); v (T, Hv, dv); g (log-decay, <= 0) and
-        beta (T, Hv); state (Hv, dv, dk), advanced in place. Value head h reads key head h % Hk
-        (tiled, as ggml broadcasts; llama.cpp's converter orders the value heads to match).
-        -> (T, Hv, dv)."""
+                  state: np.ndarray, layout) -> np.ndarray:
+        """Gated delta rule. q, k (T, Hk, dk); v (T, Hv, dv); g (log-decay, <= 0) and beta (T, Hv);
+        state (n_slots, Hv, dv, dk), each run advancing its slot's in place. Value head h reads key
+        head h % Hk (tiled, as ggml broadcasts; llama.cpp's converter orders the value heads to
+        match). -> (T, Hv, dv)."""
         T, n_k = q.shape[:2]
-        tiles = (1, v.shape[1] // n_k, 1)
-        q = np.tile(q, tiles).transpose(1, 0, 2)                      # (Hv, T, dk)
-        k = np.tile(k, tiles).transpose(1, 0, 2)                      # (Hv, T, dk)
-        v = v.transpose(1, 0, 2)                                      # (Hv, T, dv)
-        g, beta = g.T, beta.T                                         # (Hv, T)
-        if T == 1:
-            out = _step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state)[:, None]
-        else:
-            out = np.empty(v.shape, np.float32)                       # (Hv, T, dv)
-            for t0 in range(0, T, _CHUNK):
-                c = slice(t0, t0 + _CHUNK)
-                out[:, c] = _chunk(q[:, c], k[:, c], v[:, c], g[:, c], beta[:, c], state)
-        return np.ascontiguousarray(out.transpose(1, 0, 2))          # (T, Hv, dv)
+        n_v, dv = v.shape[1:]
+        tiles = (1, n_v // n_k, 1)
+        q, k = np.tile(q, tiles), np.tile(k, tiles)                   # (T, Hv, dk)
+        out = np.empty(v.shape, np.float32)
+        rows = layout.rows
+        if len(rows):   # decode rows: rows x heads stepped as one stack of heads
+            slots = layout.slots[rows]
+            R, dk = len(rows), q.shape[2]
+            S = state[slots].reshape(R * n_v, dv, dk)
+            o = _step(q[rows].reshape(-1, dk), k[rows].reshape(-1, dk), v[rows].reshape(-1, dv),
+                      g[rows].reshape(-1), beta[rows].reshape(-1), S)
+            state[slots] = S.reshape(R, n_v, dv, dk)
+            out[rows] = o.reshape(R, n_v, dv)
+        for slot, t0, t1 in layout.runs:
+            c = slice(t0, t1)
+            out[c] = _sequence(q[c].transpose(1, 0, 2), k[c].transpose(1, 0, 2), v[c].transpose(1, 0, 2),
+                               g[c].T, beta[c].T, state[slot]).transpose(1, 0, 2)
+        return out
+
+
+def _conv(x: np.ndarray, conv_state: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """One sequence: x (T, C) after conv_state (K-1, C), advanced in place; -> (T, C)."""
+    xs = np.concatenate([conv_state, x])                              # (K-1+T, C)
+    conv_state[:] = xs[x.shape[0]:]
+    return _taps(xs, kernel, 0)
+
+
+def _taps(xs: np.ndarray, kernel: np.ndarray, axis: int) -> np.ndarray:
+    """out[t] = sum_j kernel[:, j] * xs[t + j] along `axis` of xs, tap by tap in the same order for
+    every row, so a row's result does not depend on what else is in the batch."""
+    K = kernel.shape[1]
+    T = xs.shape[axis] - K + 1
+    take = (lambda j: xs[j:j + T]) if axis == 0 else (lambda j: xs[:, j])
+    out = take(0) * kernel[:, 0]
+    for j in range(1, K):
+        out += take(j) * kernel[:, j]
+    return out
+
+
+def _sequence(q, k, v, g, beta, S):
+    """One sequence of T tokens: q, k (H, T, dk); v (H, T, dv); g, beta (H, T); S (H, dv, dk) in
+    place. -> (H, T, dv)."""
+    out = np.empty(v.shape, np.float32)
+    for t0 in range(0, q.shape[1], _CHUNK):
+        c = slice(t0, t0 + _CHUNK)
+        out[:, c] = _chunk(q[:, c], k[:, c], v[:, c], g[:, c], beta[:, c], S)
+    return out
 
 
 def _step(q, k, v, g, beta, S):

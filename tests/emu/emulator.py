@@ -139,15 +139,20 @@ class EmuKernel:
 class EmuKernels:
     """The kernel provider for the launchers, backed by the CPU emulator and NumPy."""
 
-    xp = np
-
     def __init__(self):
         folder = build()
         self._lib = ctypes.CDLL(str(folder / "libemu.so"))
         self.modules: dict[str, list[str]] = json.loads((folder / "kernels.json").read_text())
         self._kernels: dict[str, EmuKernel] = {}
         self.launched: list[str] = []  # names in launch order, for tests of kernel choice
-        self._recording: list | None = None
+        self._recording: list | None = None  # work a capture has recorded, as functions to replay
+        self.xp = _NumpyInGraphs(self)
+
+    def _run_or_record(self, work) -> None:
+        if self._recording is not None:
+            self._recording.append(work)
+        else:
+            work()
 
     def function(self, module: str, name: str):
         if name not in self.modules.get(module, ()):
@@ -158,17 +163,16 @@ class EmuKernels:
 
         def launch(grid, block, args, shared_mem=0):
             self.launched.append(name)
-            if self._recording is not None:
-                self._recording.append((kernel, grid, block, tuple(args), shared_mem))
-            else:
-                kernel(grid, block, args, shared_mem)
+            args = tuple(args)
+            self._run_or_record(lambda: kernel(grid, block, args, shared_mem))
         return launch
 
     def capture(self, fn):
         """As a CUDA graph: the kernels fn() launches are recorded, not run, with their arguments as
         they were (the arrays stay referenced, as a graph's memory stays allocated); launch() replays
-        them. NumPy work fn() does itself is not recorded: on a GPU that work is kernels too, so only
-        functions that compute through kernels alone replay the same here."""
+        them. So are GEMMs and the copies xp.ascontiguousarray makes. Other NumPy work fn() does is
+        not recorded: on a GPU that work is kernels too, so only functions that compute through
+        these alone replay the same here."""
         self._recording = []
         try:
             result = fn()
@@ -181,8 +185,10 @@ class EmuKernels:
         check(a, np.float16, "a")
         check(b, np.float16, "b")
         assert out.dtype == np.float32 and out.shape == (a.shape[0], b.shape[0]) and out.strides[1] == 4
-        # cuBLAS multiplies the f16 inputs exactly and accumulates in f32; float64 is closer still.
-        out[...] = (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32)
+
+        def gemm():  # cuBLAS multiplies the f16 inputs exactly and accumulates in f32; float64 is closer still
+            out[...] = (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32)
+        self._run_or_record(gemm)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.array(x)
@@ -191,10 +197,27 @@ class EmuKernels:
         pass
 
 
+class _NumpyInGraphs:
+    """NumPy as the launchers' `xp`, but for copies of strided views, which a capture records: CuPy
+    makes them with kernels, which a CUDA graph captures like ours."""
+
+    def __init__(self, kernels: EmuKernels):
+        self._k = kernels
+
+    def __getattr__(self, name: str):
+        return getattr(np, name)
+
+    def ascontiguousarray(self, x: np.ndarray) -> np.ndarray:
+        out = np.ascontiguousarray(x)
+        if out is not x and self._k._recording is not None:
+            self._k._recording.append(lambda: np.copyto(out, x))
+        return out
+
+
 class _Replay:
-    def __init__(self, launches: list):
-        self._launches = launches
+    def __init__(self, work: list):
+        self._work = work
 
     def launch(self) -> None:
-        for kernel, grid, block, args, shared_mem in self._launches:
-            kernel(grid, block, args, shared_mem)
+        for work in self._work:
+            work()

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends import cuda_matmul
-from llogos_cli.backends.cuda_graph import DecodeGraph
+from llogos_cli.backends.cuda_graph import Decoder
 from llogos_cli.backends.numpy_backend import NumpyBackend
-from llogos_cli.gguf_file import GGUFFile
-from llogos_cli.model import Model
+from llogos_cli.errors import LlogosError
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.forward import Batch, Model
 from tests.conftest import FIXTURES, need
 
 MODELS = ["tiny-llama-f32", "tiny-llama-q8_0", "tiny-qwen2-q8_0", "tiny-qwen3-f32", "tiny-gemma3-q8_0",
@@ -28,8 +29,8 @@ def model_pair(name: str, backend) -> tuple[Model, Model]:
 
 
 def load_bench():
-    """bench/bench_cuda.py as a module, for its synthetic models of real shapes."""
-    spec = importlib.util.spec_from_file_location("bench_cuda", Path(__file__).resolve().parents[2] / "bench" / "bench_cuda.py")
+    """bench/synthetic.py as a module, for its synthetic models of real shapes."""
+    spec = importlib.util.spec_from_file_location("synthetic", Path(__file__).resolve().parents[2] / "bench" / "synthetic.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -46,9 +47,31 @@ def test_model_logits_match_the_cpu_backend(backend, name, cache):
     ids = np.random.default_rng(2).integers(0, cpu.cfg.n_vocab, 24)
     c_ctx, g_ctx = cpu.new_context(32, cache, cache), gpu.new_context(32, cache, cache)
     for chunk in (ids[:19], ids[19:20], ids[20:24]):  # prompt (GEMM attention), decode, short batch
-        want = cpu.forward(c_ctx, chunk, all_logits=True)
-        got = backend.to_host(gpu.forward(g_ctx, chunk, all_logits=True))
+        want = cpu.forward_seq(c_ctx, chunk, all_logits=True)
+        got = backend.to_host(gpu.forward_seq(g_ctx, chunk, all_logits=True))
         assert relative(got, want) < CACHE_TOLERANCE[cache], len(chunk)
+
+
+def batched_steps(n_vocab: int) -> list[Batch]:
+    """Three forward passes over slots 0..2 of a cache: prompt runs of two slots (one long enough for
+    GEMM attention); decode rows of both with a third slot's prompt between them; decode rows of all
+    three, out of slot order."""
+    ids = np.random.default_rng(7).integers(0, n_vocab, 40).astype(np.int32)
+    return [Batch.join([Batch.run(ids[:19], 1, 0, np.arange(19)), Batch.run(ids[19:24], 0, 0, np.arange(5))]),
+            Batch.join([Batch.run(ids[24:25], 0, 5, [0]), Batch.run(ids[25:29], 2, 0, np.arange(4)),
+                        Batch.run(ids[29:30], 1, 19, [0])]),
+            Batch.join([Batch.run(ids[30:31], 2, 4, [0]), Batch.run(ids[31:32], 1, 20, [0]),
+                        Batch.run(ids[32:33], 0, 6, [0])])]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_batched_steps_match_the_cpu_backend(backend, name):
+    cpu, gpu = model_pair(name, backend)
+    c_cache, g_cache = cpu.new_cache(3, 32, "f32", "f32"), gpu.new_cache(3, 32, "f32", "f32")
+    for step, batch in enumerate(batched_steps(cpu.cfg.n_vocab)):
+        want = cpu.forward(c_cache, batch)
+        got = backend.to_host(gpu.forward(g_cache, batch))
+        assert got.shape == want.shape and relative(got, want) < CACHE_TOLERANCE["f32"], step
 
 
 @pytest.mark.parametrize("cache", ["f32", "q8_0"])
@@ -57,8 +80,8 @@ def test_long_prompt(backend, cache):
     then round some entries to the neighbouring step."""
     cpu, gpu = model_pair("tiny-gemma3-q8_0", backend)  # head size 32 (q8_0 cache), sliding window
     ids = np.random.default_rng(3).integers(0, cpu.cfg.n_vocab, cuda_matmul.GEMM_MIN_TOKENS + 8)
-    got = backend.to_host(gpu.forward(gpu.new_context(64, cache, cache), ids, all_logits=True))
-    want = cpu.forward(cpu.new_context(64, cache, cache), ids, all_logits=True)
+    got = backend.to_host(gpu.forward_seq(gpu.new_context(64, cache, cache), ids, all_logits=True))
+    want = cpu.forward_seq(cpu.new_context(64, cache, cache), ids, all_logits=True)
     assert relative(got, want) < {"f32": 3e-3, "q8_0": 2e-2}[cache]
     assert np.mean(got.argmax(1) == want.argmax(1)) > 0.9
 
@@ -69,35 +92,91 @@ def test_greedy_generation_matches_the_oracle(backend, name):
     oracle = np.load(need(FIXTURES / (f"{family}.oracle.npz" if quant == "f32" else f"{name}.oracle.npz")))
     _, gpu = model_pair(name, backend)
     ctx = gpu.new_context(64)
-    logits = gpu.forward(ctx, oracle["greedy_prefix"].astype(np.int32))
+    logits = gpu.forward_seq(ctx, oracle["greedy_prefix"].astype(np.int32))
     out = []
     for _ in range(len(oracle["greedy"])):
-        out.append(backend.argmax(logits[-1]))
-        logits = gpu.forward(ctx, np.array(out[-1:], np.int32))
+        out.append(int(backend.argmax_rows(logits)[0]))
+        logits = gpu.forward_seq(ctx, np.array(out[-1:], np.int32))
     assert out == oracle["greedy"].tolist()
 
 
-@pytest.mark.parametrize("name", ["tiny-llama-f32", "tiny-qwen3-f32", "tiny-gemma3-q8_0"])
-def test_decode_graph_replays_eager_decoding(backend, name):
+def prefilled_caches(gpu, n: int, prompts: list[np.ndarray]) -> list:
+    """n caches of len(prompts) slots, slot i holding prompt i (f16, as decoding runs)."""
+    caches = [gpu.new_cache(len(prompts), 32, "f16", "f16") for _ in range(n)]
+    batch = Batch.join([Batch.run(p, slot, 0, [len(p) - 1]) for slot, p in enumerate(prompts)])
+    for cache in caches:
+        gpu.forward(cache, batch)
+    return caches
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-f32", "tiny-qwen3-f32", "tiny-gemma3-q8_0", "tiny-qwen35-f32"])
+def test_decoder_replays_eager_decoding(backend, name):
+    """Steps of 3 rows (bucket 4: a padding row), then 2 (bucket 2), replayed at later positions with
+    the slots in other orders, equal to the same rows run eagerly."""
     _, gpu = model_pair(name, backend)
-    ids = np.random.default_rng(4).integers(0, gpu.cfg.n_vocab, 12).astype(np.int32)
-    eager_ctx, graph_ctx = gpu.new_context(32, "f16", "f16"), gpu.new_context(32, "f16", "f16")
-    gpu.forward(eager_ctx, ids[:5])
-    gpu.forward(graph_ctx, ids[:5])
-    graph = DecodeGraph(gpu, graph_ctx)
-    for i in range(5, 12):  # positions 5..11; the window of gemma3's local layers (8) starts sliding
-        want = backend.to_host(gpu.forward(eager_ctx, ids[i:i + 1]))
-        got = backend.to_host(graph.step(int(ids[i])))
-        np.testing.assert_array_equal(got, want)
-        assert graph_ctx.n_past == eager_ctx.n_past == i + 1
+    rng = np.random.default_rng(4)
+    lengths = [5, 2, 7]
+    eager, graphed = prefilled_caches(gpu, 2, [rng.integers(0, gpu.cfg.n_vocab, n).astype(np.int32) for n in lengths])
+    step = backend.decoder(gpu, graphed)
+    # Past position 8 the window of gemma3's local layers starts sliding.
+    for slots in ([2, 0, 1], [1, 2], [0, 1, 2], [2, 1], [1, 0, 2], [0, 2, 1], [2, 0]):
+        tokens = rng.integers(0, gpu.cfg.n_vocab, len(slots)).astype(np.int32)
+        pos = np.array([lengths[s] for s in slots], np.int32)
+        want = backend.to_host(gpu.forward_rows(eager, tokens, slots, pos))
+        got = backend.to_host(step(tokens, slots, pos))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
+        for s in slots:
+            lengths[s] += 1
+
+
+def test_decoder_runs_rows_past_its_largest_bucket_in_chunks(backend):
+    _, gpu = model_pair("tiny-llama-q8_0", backend)
+    prompts = [np.arange(n, dtype=np.int32) + 3 for n in (3, 1, 4)]
+    eager, graphed = prefilled_caches(gpu, 2, prompts)
+    decoder = Decoder(gpu, graphed, buckets=(1, 2))
+    tokens, slots, pos = np.array([5, 6, 7], np.int32), np.array([1, 2, 0], np.int32), np.array([1, 4, 3], np.int32)
+    got = backend.to_host(decoder.step(tokens, slots, pos))
+    want = backend.to_host(gpu.forward_rows(eager, tokens, slots, pos))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_decoder_replays_gemm_buckets(backend):
+    """From GEMM_MIN_TOKENS rows the products are f16 GEMMs: a step padded to such a bucket, replayed
+    with other slots, equals the same padded rows run eagerly."""
+    _, gpu = model_pair("tiny-qwen3-f32", backend)
+    size, rows = cuda_matmul.GEMM_MIN_TOKENS, cuda_matmul.GEMM_MIN_TOKENS - 5
+    rng = np.random.default_rng(8)
+    eager, graphed = prefilled_caches(gpu, 2, [rng.integers(0, gpu.cfg.n_vocab, 2).astype(np.int32)] * rows)
+    decoder = Decoder(gpu, graphed, buckets=(size,))
+    for step in range(2):
+        slots = rng.permutation(rows).astype(np.int32)
+        tokens, pos = rng.integers(0, gpu.cfg.n_vocab, rows).astype(np.int32), np.full(rows, 2 + step, np.int32)
+        padded = (np.pad(tokens, (0, size - rows)), np.pad(slots, (0, size - rows), constant_values=eager.pad_slot),
+                  np.pad(pos, (0, size - rows)))
+        want = backend.to_host(gpu.forward_rows(eager, *padded))[:rows]
+        got = backend.to_host(decoder.step(tokens, slots, pos))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_decoder_rejects_bad_rows(backend):
+    _, gpu = model_pair("tiny-llama-q8_0", backend)
+    step = backend.decoder(gpu, gpu.new_cache(2, 8))
+    for tokens, slots, pos, message in (([1, 2], [0, 0], [0, 0], "distinct slots"),
+                                        ([1], [2], [0], "distinct slots"),   # the pad slot is not a row's
+                                        ([1], [0], [8], "context is full"),
+                                        ([gpu.cfg.n_vocab], [0], [0], "outside the vocabulary")):
+        with pytest.raises(LlogosError, match=message):
+            step(np.array(tokens), np.array(slots), np.array(pos))
 
 
 def test_engine_greedy_generation_matches_the_cpu_backend(backend):
     """The engine's path on this backend: its decode step (a CUDA graph) and the argmax where the
     logits are, so only token ids cross to the host."""
-    from llogos_cli.engine import Generation, Session, StopCriteria
-    from llogos_cli.sampling import Sampler, SamplingParams
-    from llogos_cli.tokenizer import Tokenizer
+    from llogos_cli.engine.generation import Generation
+    from llogos_cli.engine.sampling import Sampler, SamplingParams
+    from llogos_cli.engine.session import Session
+    from llogos_cli.engine.stops import StopCriteria
+    from llogos_cli.tokenizer.tokenizer import Tokenizer
 
     f = GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf"))
     oracle = np.load(need(FIXTURES / "tiny-llama-q8_0.oracle.npz"))

@@ -8,14 +8,15 @@ are chosen to leave partial thread blocks, warps and row chunks.
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 
 from llogos_cli.backends import cuda_attention, cuda_matmul, cuda_ops
 from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
-from llogos_cli.gguf_file import GGUFFile
-from llogos_cli.model import Model
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.forward import Model
 from tests.conftest import FIXTURES, need
 
 WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -187,33 +188,56 @@ def test_silu_and_softplus(backend, op):
         assert_close(got, getattr(CPU, op)(x), rtol=1e-6)
 
 
+# ------------------------------------------------------------------ batches
+def runs_batch(runs) -> tuple[np.ndarray, np.ndarray]:
+    """Slots and positions (int32) of a batch of runs (slot, first position, tokens)."""
+    slots = np.concatenate([np.full(n, slot, np.int32) for slot, _, n in runs])
+    pos = np.concatenate([np.arange(p, p + n, dtype=np.int32) for _, p, n in runs])
+    return slots, pos
+
+
+def layouts(backend, runs):
+    """The batch of runs laid out by the NumPy backend and by this one."""
+    slots, pos = runs_batch(runs)
+    return CPU.batch_layout(slots, pos), backend.batch_layout(slots, pos)
+
+
 # ------------------------------------------------------------------ recurrence (Gated DeltaNet)
-@pytest.mark.parametrize("n_tok", [1, 2, 7])
-def test_ssm_conv_advances_its_state(backend, n_tok):
+# Runs (slot, tokens) of the slots 0..3 of a 5-slot state: decode rows alone (one launch), and runs
+# of several lengths mixed with rows (a launch per group of equal runs). Slot 4 is never touched.
+CONV_BATCHES = {"decode rows": [(2, 1), (0, 1), (3, 1)], "runs and rows": [(1, 7), (0, 1), (3, 1), (2, 2)]}
+DELTA_BATCHES = {"decode rows": [(2, 1), (0, 1), (3, 1)], "runs and rows": [(1, 70), (0, 1), (3, 1), (2, 5)]}
+
+
+@pytest.mark.parametrize("runs", CONV_BATCHES.values(), ids=CONV_BATCHES)
+def test_ssm_conv_advances_each_slots_state(backend, runs):
     rng = np.random.default_rng(11)
     channels, kernel = 70, 4
+    cpu_layout, layout = layouts(backend, [(slot, 3, n) for slot, n in runs])
     raw = rng.standard_normal((channels, kernel)).astype(np.float32).view(np.uint8)
-    state = rng.standard_normal((kernel - 1, channels)).astype(np.float32)
-    x = rng.standard_normal((n_tok, channels)).astype(np.float32)
+    state = rng.standard_normal((5, kernel - 1, channels)).astype(np.float32)
+    x = rng.standard_normal((sum(n for _, n in runs), channels)).astype(np.float32)
     state_dev = backend.xp.array(state)  # a copy, also under the emulator
-    got = backend.ssm_conv(backend.xp.asarray(x), state_dev, backend.matrix(raw, T.F32, matmul=True))
-    want = CPU.ssm_conv(x, state, CPU.matrix(raw, T.F32, matmul=True))
+    got = backend.ssm_conv(backend.xp.asarray(x), state_dev, backend.matrix(raw, T.F32, matmul=True), layout)
+    want = CPU.ssm_conv(x, state, CPU.matrix(raw, T.F32, matmul=True), cpu_layout)
     assert_close(host(backend, got), want, rtol=1e-6)
     np.testing.assert_array_equal(host(backend, state_dev), state)
 
 
-@pytest.mark.parametrize("n_tok", [1, 5, 70])
-def test_delta_net_advances_its_state(backend, n_tok):
+@pytest.mark.parametrize("runs", DELTA_BATCHES.values(), ids=DELTA_BATCHES)
+def test_delta_net_advances_each_slots_state(backend, runs):
     rng = np.random.default_rng(12)
     n_k, n_v, dk, dv = 2, 4, 48, 24
+    cpu_layout, layout = layouts(backend, [(slot, 3, n) for slot, n in runs])
+    n_tok = sum(n for _, n in runs)
     q, k = (rng.standard_normal((n_tok, n_k, dk)).astype(np.float32) / 7 for _ in range(2))
     v = rng.standard_normal((n_tok, n_v, dv)).astype(np.float32)
     g = -rng.uniform(0, 0.5, (n_tok, n_v)).astype(np.float32)
     beta = rng.uniform(0, 1, (n_tok, n_v)).astype(np.float32)
-    state = rng.standard_normal((n_v, dv, dk)).astype(np.float32)
+    state = rng.standard_normal((5, n_v, dv, dk)).astype(np.float32)
     state_dev = backend.xp.array(state)  # a copy, also under the emulator
-    got = backend.delta_net(*(backend.xp.asarray(a) for a in (q, k, v, g, beta)), state_dev)
-    want = CPU.delta_net(q, k, v, g, beta, state)
+    got = backend.delta_net(*(backend.xp.asarray(a) for a in (q, k, v, g, beta)), state_dev, layout)
+    want = CPU.delta_net(q, k, v, g, beta, state, cpu_layout)
     assert_close(host(backend, got), want, rtol=1e-5)
     assert_close(host(backend, state_dev), state, rtol=1e-5)
 
@@ -235,47 +259,74 @@ def test_softmax_lengths(backend):
 
 
 CACHE_PAIRS = [("f32", "f32"), ("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "f16"), ("f16", "f32")]
+# What slots 0..3 of a 64-position cache hold before the batch: positions [0, n). Slot 4 stays empty.
+HISTORY = {0: 29, 1: 0, 2: 5, 3: 0}
+# Runs (slot, tokens) after that history: decode rows (one fused launch), short runs (one fused
+# launch), and long runs between rows (GEMM per long run, fused launches for the rows between).
+ATTENTION_BATCHES = {"decode rows": [(2, 1), (0, 1), (3, 1)],
+                     "short runs": [(0, 5), (3, 1), (2, cuda_attention.FUSED_MAX_TOKENS)],
+                     "long runs": [(3, 1), (0, cuda_attention.FUSED_MAX_TOKENS + 4), (2, 1),
+                                   (1, cuda_attention.FUSED_MAX_TOKENS + 2)]}
+
+
+def _store(backend, caches, rng, runs, n_kv, dk, dv):
+    """Random keys and values for runs (slot, first position, tokens), stored in both caches."""
+    cpu_layout, layout = layouts(backend, runs)
+    n_tok = len(cpu_layout.pos)
+    k = rng.standard_normal((n_tok, n_kv, dk)).astype(np.float32)
+    v = rng.standard_normal((n_tok, n_kv, dv)).astype(np.float32)
+    CPU.kv_store(caches[0], k, v, cpu_layout)
+    backend.kv_store(caches[1], backend.xp.asarray(k), backend.xp.asarray(v), layout)
+    return cpu_layout, layout
 
 
 @pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
-@pytest.mark.parametrize("n_tok", [1, 5, cuda_attention.FUSED_MAX_TOKENS + 4])
+@pytest.mark.parametrize("runs", ATTENTION_BATCHES.values(), ids=ATTENTION_BATCHES)
 @pytest.mark.parametrize("window", [0, 7])
-def test_kv_store_and_attention(backend, type_k, type_v, n_tok, window):
-    rng = np.random.default_rng(n_tok + window)
-    n_ctx, n_kv, n_head, dk, dv, pos0 = 64, 2, 6, 64, 32, 29
-    caches = [b.kv_cache(n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
-    for start, n in ((0, pos0), (pos0, n_tok)):  # the history, then the new tokens
-        k = rng.standard_normal((n, n_kv, dk)).astype(np.float32)
-        v = rng.standard_normal((n, n_kv, dv)).astype(np.float32)
-        CPU.kv_store(caches[0], k, v, start)
-        backend.kv_store(caches[1], backend.xp.asarray(k), backend.xp.asarray(v), start)
+def test_kv_store_and_attention(backend, type_k, type_v, runs, window):
+    rng = np.random.default_rng(len(runs) + window)
+    n_slots, n_ctx, n_kv, n_head, dk, dv = 5, 64, 2, 6, 64, 32
+    caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
+    _store(backend, caches, rng, [(slot, 0, n) for slot, n in HISTORY.items() if n], n_kv, dk, dv)
+    cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
     for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
-        stored = host(backend, getattr(caches[1], name)).reshape(n_kv * n_ctx, -1)
-        decoded = reference(stored, {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}[cache_type])
-        np.testing.assert_array_equal(decoded.reshape(n_kv, n_ctx, d), getattr(caches[0], name).astype(np.float32))
-    q = rng.standard_normal((n_tok, n_head, dk)).astype(np.float32)
-    got = backend.attention(backend.xp.asarray(q), caches[1], pos0, 0.125, window)
-    assert_close(host(backend, got), CPU.attention(q, caches[0], pos0, 0.125, window), rtol=2e-5)
+        stored = host(backend, getattr(caches[1], name))
+        decoded = reference(stored.reshape(-1, stored.shape[-1]), {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}[cache_type])
+        np.testing.assert_array_equal(decoded.reshape(n_slots, n_kv, n_ctx, d), getattr(caches[0], name).astype(np.float32))
+    q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
+    got = backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window)
+    assert_close(host(backend, got), CPU.attention(q, caches[0], cpu_layout, 0.125, window), rtol=2e-5)
+
+
+def test_kv_store_rejects_writes_outside_the_cache(backend):
+    cache = backend.kv_cache(2, 8, 1, 32, 32, "f16", "f16")
+    k = backend.xp.zeros((1, 1, 32), np.float32)
+    for slot, pos in ((2, 0), (0, 8)):
+        with pytest.raises(LlogosError, match="outside the KV cache"):
+            backend.kv_store(cache, k, k, backend.batch_layout(np.array([slot]), np.array([pos])))
 
 
 def test_contexts_default_to_an_f16_cache(backend):
     model = Model(GGUFFile(need(FIXTURES / "tiny-llama-f32.gguf")), backend)
-    cache = model.new_context(8).kv[0]
-    assert (cache.type_k, cache.type_v) == ("f16", "f16") and cache.k.shape == (2, 8, 2 * model.cfg.head_dim_k)
+    cache = model.new_context(8).cache.kv[0]  # slot 0 and the scratch pad slot
+    assert (cache.type_k, cache.type_v) == ("f16", "f16") and cache.k.shape == (2, 2, 8, 2 * model.cfg.head_dim_k)
 
 
 @pytest.mark.parametrize("b", ["this", "cpu"])
 def test_kv_cache_rejects_unusable_types(backend, b):
     b = backend if b == "this" else CPU
     with pytest.raises(LlogosError, match="multiples of 32"):
-        b.kv_cache(8, 2, 48, 48, "q8_0", "f16")
+        b.kv_cache(1, 8, 2, 48, 48, "q8_0", "f16")
     with pytest.raises(LlogosError, match="unknown KV cache type"):
-        b.kv_cache(8, 2, 64, 64, "q4_0", "f16")
+        b.kv_cache(1, 8, 2, 64, 64, "q4_0", "f16")
 
 
 # ------------------------------------------------------------------ sampling
 @pytest.mark.parametrize("n", [1, 1000, 70001])
-def test_argmax_takes_the_first_maximum(backend, n):
-    x = np.random.default_rng(n).standard_normal(n).astype(np.float32) - 10
-    x[n // 3] = x[n - 1] = 5.0  # a tie: NumPy returns the first
-    assert backend.argmax(backend.xp.asarray(x)) == int(np.argmax(x)) == n // 3
+def test_argmax_rows_take_each_rows_first_maximum(backend, n):
+    x = np.random.default_rng(n).standard_normal((3, n)).astype(np.float32) - 10
+    x[0, n // 3] = x[0, n - 1] = 5.0  # a tie: NumPy returns the first
+    x[1, n - 1] = 6.0
+    x[2, 0] = 7.0
+    got = backend.argmax_rows(backend.xp.asarray(x))
+    assert got.tolist() == np.argmax(x, axis=1).tolist() == [n // 3, n - 1, 0]

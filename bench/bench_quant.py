@@ -1,0 +1,104 @@
+"""The CPU's weights modes beside llama.cpp, on the same GGUF files: decode and prefill speed,
+peak RSS and load time.
+
+    PYTHONPATH=. python bench/bench_quant.py --llama-bench PATH [--models llama-1b,llama-8b,smollm2-135m,gemma3-270m]
+                                [--modes quantized,auto] [--tg 16] [--reps 2]
+
+llama-1b and llama-8b are synthetic Q4_K_M files of those shapes (random weights), written once to
+~/.cache/llogos/bench by bench/synthetic_gguf.py; the others are models.toml names. Each llogos run
+is a process of its own, so that its peak RSS is its own. Prints a Markdown table.
+"""
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+PROMPT_TOKENS = 128
+
+
+def child(path: str, mode: str, n_tg: int) -> dict:
+    """One llogos run in this process: load, prefill 128 tokens, decode n_tg."""
+    from llogos_cli.model.loader import load
+    t = time.perf_counter()
+    m = load(path, "cpu", mode, n_ctx=PROMPT_TOKENS + n_tg + 8)
+    load_s = time.perf_counter() - t
+    model = m.model
+    ids = np.random.default_rng(0).integers(3, model.cfg.n_vocab, PROMPT_TOKENS + n_tg).astype(np.int32)
+    model.forward_seq(model.new_context(16), ids[:2])   # the kernels' first call loads them from numba's cache
+    ctx = model.new_context(PROMPT_TOKENS + n_tg + 8)
+    t = time.perf_counter()
+    model.forward_seq(ctx, ids[:PROMPT_TOKENS])
+    pp = PROMPT_TOKENS / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(PROMPT_TOKENS, PROMPT_TOKENS + n_tg):
+        model.forward_seq(ctx, ids[i:i + 1])
+    tg = n_tg / (time.perf_counter() - t)
+    return {"mode": model.b.weights, "note": m.memory, "load_s": load_s, "pp": pp, "tg": tg,
+            "weight_bytes": model.weight_bytes,
+            "weights": sum(int(np.prod(t.shape)) for n, t in m.source.file.tensors.items()
+                           if len(t.shape) == 2 and (n != "token_embd.weight" or model.cfg.output == n)),
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def llogos(path: Path, mode: str, n_tg: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", str(path), mode, "--tg", str(n_tg)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def llama_bench(exe: str, path: Path, n_tg: int, reps: int) -> dict:
+    out = subprocess.run([exe, "-m", str(path), "-t", "2", "-p", str(PROMPT_TOKENS), "-n", str(n_tg),
+                          "-r", str(reps), "-o", "json"], check=True, capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    return {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
+
+
+def model_file(name: str) -> Path:
+    if name in ("llama-1b", "llama-8b"):
+        from bench.synthetic_gguf import write_model
+        from llogos_cli.paths import cache_dir
+        return write_model(name, cache_dir("bench"))
+    from llogos_cli.model.registry import resolve_model
+    return resolve_model(name)[0]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench, for its figures on the same files")
+    ap.add_argument("--models", default="llama-1b,llama-8b,smollm2-135m,gemma3-270m")
+    ap.add_argument("--modes", default="quantized,auto")
+    ap.add_argument("--tg", type=int, default=16, help="tokens decoded (8B: fewer is fine)")
+    ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions")
+    ap.add_argument("--child", nargs=2, metavar=("PATH", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child, args.tg)))
+        return
+    print(f"## CPU weights modes, {date.today()}, {platform.processor() or platform.machine()}, "
+          f"{Path('/proc/cpuinfo').read_text().count('processor')} threads\n")
+    print("| model | file | llogos mode | load | pp128 tok/s | tg tok/s | decode GB/s, G weights/s | peak RSS "
+          "(x file) | llama.cpp pp128 / tg | llogos / llama.cpp pp, tg |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        path = model_file(name)
+        size = path.stat().st_size
+        ref = llama_bench(args.llama_bench, path, args.tg, args.reps) if args.llama_bench else {}
+        for mode in args.modes.split(","):
+            r = llogos(path, mode, args.tg)
+            ratio = (f"{r['pp'] / ref['pp']:.2f}, {r['tg'] / ref['tg']:.2f}" if ref else "")
+            print(f"| {name} | {size / 2**20:.0f} MiB | {mode} → {r['mode']} | {r['load_s']:.1f} s | {r['pp']:.1f} | "
+                  f"{r['tg']:.2f} | {r['weight_bytes'] * r['tg'] / 1e9:.1f}, {r['weights'] * r['tg'] / 1e9:.1f} | "
+                  f"{r['rss_mib']:.0f} MiB ({r['rss_mib'] * 2**20 / size:.2f}) | "
+                  f"{ref.get('pp', float('nan')):.1f} / {ref.get('tg', float('nan')):.2f} | {ratio} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

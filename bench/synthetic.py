@@ -1,0 +1,151 @@
+"""Synthetic models for the CUDA benchmark and tests: GGUF files of random weights with the shapes
+and tensor types of real ones (SmolLM2-135M as shipped, Llama 3.2 1B and Llama 3.1 8B in Q4_K_M).
+
+    python bench/synthetic.py smollm2-135m DIR     writes DIR/smollm2-135m-v<FORMAT_VERSION>.gguf
+"""
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGMLQuantizationType as Q
+
+FORMAT_VERSION = 1  # bump to regenerate cached files
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_kv: int
+    n_ff: int
+    rope_base: float
+    tied: bool          # the LM head is token_embd
+    mix: str            # "q4_1" (SmolLM2 as shipped) or "q4_k_m"
+
+    def qtype(self, name: str, layer: int) -> Q:
+        if self.mix == "q4_1":
+            return Q.Q8_0 if name == "token_embd" else Q.Q4_1
+        if name == "output" or (name == "token_embd" and self.tied):
+            return Q.Q6_K
+        # llama.cpp's Q4_K_M spends 6 bits on attn_v and ffn_down in the first and last eighth of
+        # the layers and every third layer between.
+        n = self.n_layer
+        more_bits = layer < n // 8 or layer >= 7 * n // 8 or (layer - n // 8) % 3 == 2
+        return Q.Q6_K if name in ("attn_v", "ffn_down") and more_bits else Q.Q4_K
+
+
+SPECS = {
+    "smollm2-135m": Spec("smollm2-135m", 49152, 576, 30, 9, 3, 1536, 100000.0, True, "q4_1"),
+    "llama-1b": Spec("llama-1b", 128256, 2048, 16, 32, 8, 8192, 500000.0, True, "q4_k_m"),
+    "llama-8b": Spec("llama-8b", 128256, 4096, 32, 32, 8, 14336, 500000.0, False, "q4_k_m"),
+}
+
+# Values of the float16 scale fields per block type (byte offset, value): weights of standard
+# deviation ~0.02 centred near 0, like a trained model's, so activations stay finite.
+_SCALES = {Q.Q8_0: ((0, 2.7e-4),), Q.Q4_0: ((0, 4.3e-3),), Q.Q4_1: ((0, 4.3e-3), (2, -0.032)),
+           Q.Q5_0: ((0, 2.2e-3),), Q.Q5_1: ((0, 2.2e-3), (2, -0.034)), Q.Q4_K: ((0, 1.4e-4), (2, 1.0e-3)),
+           Q.Q5_K: ((0, 7e-5), (2, 1.1e-3)), Q.Q6_K: ((208, 1.7e-5),)}
+
+
+class RandomBytes:
+    """Random bytes cut from one 64 MiB pool at random offsets: fast enough for 5 GB of weights."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.size = 64 << 20
+        self.pool = np.tile(self.rng.integers(0, 256, self.size, dtype=np.uint8), 2)
+
+    def take(self, n: int) -> np.ndarray:
+        """n bytes, a copy (the pool repeats in tensors over 64 MiB)."""
+        start = int(self.rng.integers(0, self.size))
+        run = self.pool[start:start + min(n, self.size)]
+        return run.copy() if n <= self.size else np.resize(run, n)
+
+
+def random_matrix(src: RandomBytes, qtype: Q, rows: int, cols: int) -> np.ndarray:
+    """GGUF bytes (rows, bytes per row) of random weights."""
+    if qtype in (Q.F32, Q.F16):
+        return (src.rng.standard_normal((rows, cols), np.float32) * 0.02).astype(
+            np.float32 if qtype == Q.F32 else np.float16).view(np.uint8)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = src.take(rows * cols // block * size).reshape(-1, size)
+    for offset, value in _SCALES[qtype]:
+        raw[:, offset:offset + 2] = np.array([value], np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def write_model(spec: Spec, path: Path) -> Path:
+    """Write spec's GGUF of random weights to path (atomically); return path."""
+    head_dim = spec.n_embd // spec.n_head
+    w = GGUFWriter(str(path) + ".tmp", "llama")
+    w.add_name(f"synthetic {spec.name}")
+    w.add_context_length(8192)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_kv)
+    w.add_rope_freq_base(spec.rope_base)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(spec.n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"<t{i}>" for i in range(spec.n_vocab)])
+    w.add_token_types([1] * spec.n_vocab)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+
+    src = RandomBytes()
+
+    def matrix(name: str, layer: int, rows: int, cols: int, prefix: str = ""):
+        qtype = spec.qtype(name, layer)
+        w.add_tensor(f"{prefix}{name}.weight", random_matrix(src, qtype, rows, cols), raw_dtype=qtype)
+
+    def norm(name: str):
+        w.add_tensor(name, (1 + 0.1 * src.rng.standard_normal(spec.n_embd)).astype(np.float32))
+
+    matrix("token_embd", 0, spec.n_vocab, spec.n_embd)
+    norm("output_norm.weight")
+    if not spec.tied:
+        matrix("output", 0, spec.n_vocab, spec.n_embd)
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight")
+        norm(p + "ffn_norm.weight")
+        for name, rows, cols in (("attn_q", spec.n_head * head_dim, spec.n_embd),
+                                 ("attn_k", spec.n_kv * head_dim, spec.n_embd),
+                                 ("attn_v", spec.n_kv * head_dim, spec.n_embd),
+                                 ("attn_output", spec.n_embd, spec.n_head * head_dim),
+                                 ("ffn_gate", spec.n_ff, spec.n_embd), ("ffn_up", spec.n_ff, spec.n_embd),
+                                 ("ffn_down", spec.n_embd, spec.n_ff)):
+            matrix(name, il, rows, cols, p)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(str(path) + ".tmp", path)
+    return path
+
+
+def model_file(spec: Spec, folder: Path) -> Path:
+    """spec's GGUF under folder, written if not there yet."""
+    path = folder / f"{spec.name}-v{FORMAT_VERSION}.gguf"
+    if not path.is_file():
+        t = time.perf_counter()
+        write_model(spec, path)
+        print(f"wrote {path} in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    return path
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[2])
+    folder.mkdir(parents=True, exist_ok=True)
+    print(model_file(SPECS[sys.argv[1]], folder))

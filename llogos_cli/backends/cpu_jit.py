@@ -1,0 +1,53 @@
+"""Numba set-up for the CPU's quantized kernels, and the block fields they all read.
+
+Compiled kernels are cached (`cache=True`) in llogos' cache folder, so only the first run on a
+machine pays for compiling them; the folder has to be named before numba is imported, because
+numba reads NUMBA_CACHE_DIR once, at import. Importing this module is what makes the quantized
+path cost numba's import time: the float32 path never imports it.
+"""
+
+import os
+
+import numpy as np
+
+from llogos_cli.paths import optional_cache_dir
+
+_folder = optional_cache_dir("numba")
+if _folder is not None:   # else numba falls back to __pycache__ or its own per-user folder
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(_folder))
+
+import numba  # noqa: E402  (after NUMBA_CACHE_DIR is set)
+
+# fastmath lets LLVM split float sums across SIMD lanes; the integer dot products are exact anyway.
+kernel = numba.njit(cache=True, fastmath=True, nogil=True)
+parallel_kernel = numba.njit(cache=True, fastmath=True, nogil=True, parallel=True)
+# Helpers called once per block: inlined by numba itself, since LLVM leaves calls between separately
+# compiled functions in place, and a call per 32 weights costs more than the weights.
+helper = numba.njit(cache=True, fastmath=True, inline="always")
+prange = numba.prange
+
+# float16 bit pattern -> float32, for the per-block scales (a global array is frozen into the code).
+F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+@helper
+def f16_at(row: np.ndarray, o: int) -> np.float32:
+    """The little-endian float16 at byte o of row."""
+    return F16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+
+
+@helper
+def u32_at(row: np.ndarray, o: int) -> int:
+    """The little-endian uint32 at byte o of row (Q5_0/Q5_1 fifth bits)."""
+    return (np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
+            | (np.int64(row[o + 3]) << 24))
+
+
+@helper
+def k_scale_min(row: np.ndarray, s: int, j: int):
+    """Six-bit scale and min of sub-block j from the 12-byte field at row[s:s+12] (Q4_K/Q5_K)."""
+    if j < 4:
+        return np.float32(row[s + j] & 63), np.float32(row[s + j + 4] & 63)
+    sc = (row[s + j + 4] & 15) | ((row[s + j - 4] >> 6) << 4)
+    mn = (row[s + j + 4] >> 4) | ((row[s + j] >> 6) << 4)
+    return np.float32(sc), np.float32(mn)

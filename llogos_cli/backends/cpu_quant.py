@@ -1,0 +1,60 @@
+"""The CPU's second `matmul`: products with GGUF matrices read in their blocks, never expanded.
+
+Two shapes of product, chosen by the number of tokens (measured crossover, see docs/PERF.md):
+- up to MATVEC_MAX_TOKENS tokens (decode, small batches): each weight row is decoded in registers
+  and dotted with every token's activations while it is in cache (cpu_quant_dot), rows shared
+  out over every core;
+- more tokens (prefill): tiles of rows are expanded to float32 (cpu_quant_dequant) into one
+  reused buffer and multiplied by BLAS, so expanding a weight is paid once per tile, not once
+  per token.
+F16 and BF16 matrices always take the tile path.
+"""
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from llogos_cli.backends import cpu_quant_dequant, cpu_quant_dot
+from llogos_cli.gguf import quants
+
+MATVEC_MAX_TOKENS = 4
+TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
+
+
+class QuantMatmul:
+    """x (T, in) float32 · W (out, in)ᵀ for W given as raw GGUF rows; holds the reused tile buffer."""
+
+    def __init__(self):
+        self._tile = np.empty(0, np.float32)
+
+    def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
+        rows, cols = raw.shape[0], quants.row_elements(raw, qtype)
+        assert x.shape[1] == cols, f"x has {x.shape[1]} features, the matrix {cols}"
+        x = np.ascontiguousarray(x, np.float32)
+        if x.shape[0] <= MATVEC_MAX_TOKENS and qtype in cpu_quant_dot.TYPES:
+            return self._matvec(x, raw, qtype)
+        return self._tiled(x, raw, qtype, rows, cols)
+
+    @staticmethod
+    def _matvec(x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
+        out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+        # Chunks of rows handed out as threads come free: on a shared machine a thread that loses its
+        # core for a time slice then holds up one chunk, not its whole share of the rows.
+        chunksize = numba.set_parallel_chunksize(1)
+        try:
+            cpu_quant_dot.matvec(raw, int(qtype), x, out)
+        finally:
+            numba.set_parallel_chunksize(chunksize)
+        return out
+
+    def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
+        step = max(1, TILE_ELEMENTS // cols)
+        if self._tile.size < min(step, rows) * cols:
+            self._tile = np.empty(min(step, rows) * cols, np.float32)
+        out = np.empty((x.shape[0], rows), np.float32)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            tile = self._tile[:(r1 - r0) * cols].reshape(r1 - r0, cols)
+            cpu_quant_dequant.dequantize_rows(raw[r0:r1], int(qtype), tile)
+            out[:, r0:r1] = x @ tile.T
+        return out

@@ -1,0 +1,135 @@
+"""`llogos batch` input: JSON lines or plain text, one prompt per line, turned into engine Requests.
+
+A JSON line is {"id", "prompt"} or {"id", "messages"} with optional overrides of the sampling
+and stop flags; a line without "id" gets its line number. A file whose first non-blank line is
+not a JSON object is plain text: each non-blank line is a prompt, its id the line number. A line
+that cannot become a request is reported as an error of its own and never stops the others.
+"""
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+from llogos_cli.engine.batch import Request, row_seed
+from llogos_cli.engine.conversation import ChatFormat, parse_messages
+from llogos_cli.engine.sampling import SamplingParams
+from llogos_cli.engine.stops import StopCriteria
+from llogos_cli.errors import LlogosError
+
+# Per-line overrides: JSON name -> (SamplingParams or StopCriteria field, accepted types).
+_SAMPLING = {"temperature": ("temp", (int, float)), "top_k": ("top_k", int), "top_p": ("top_p", (int, float)),
+             "min_p": ("min_p", (int, float)), "seed": ("seed", int)}
+_FIELDS = {"id", "prompt", "messages", "n_predict", "max_tokens", "stop", "ignore_eos", "logprobs", *_SAMPLING}
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """What a line does not say: the command line's flags."""
+    params: SamplingParams
+    criteria: StopCriteria
+    n_logprobs: int
+    seed: int                  # the run's seed (--seed, or drawn at start) from which each row's own is made
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    id: object
+    line: int
+    error: str
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "line": self.line, "error": self.error}
+
+
+def read_items(lines: Iterable[str], tokenizer, chat: ChatFormat | None, defaults: Defaults,
+               skip: set[str]) -> Iterator[Request | LineError]:
+    """Requests (or LineErrors) in input order; ids whose JSON spelling is in `skip` (already
+    done, for --resume) are passed over."""
+    seen: set[str] = set()
+    is_json = None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if is_json is None:
+            is_json = line.lstrip().startswith("{")
+        try:
+            fields = _parse_json(line) if is_json else {"prompt": line.rstrip("\r\n")}
+        except LlogosError as e:
+            yield LineError(number, number, str(e))
+            continue
+        rid = fields.get("id", number)
+        key = json.dumps(rid, sort_keys=True)
+        if key in skip:
+            continue
+        if key in seen:
+            yield LineError(rid, number, f"duplicate id {key} (each line needs its own id)")
+            continue
+        seen.add(key)
+        try:
+            yield _request(rid, fields, tokenizer, chat, defaults)
+        except LlogosError as e:
+            yield LineError(rid, number, str(e))
+
+
+def _parse_json(line: str) -> dict:
+    try:
+        fields = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise LlogosError(f"not valid JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(fields, dict):
+        raise LlogosError("a line must be a JSON object with \"prompt\" or \"messages\"")
+    rid = fields.get("id")
+    if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (str, int))):
+        raise LlogosError("\"id\" must be a string or an integer")
+    return fields
+
+
+def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: Defaults) -> Request:
+    unknown = sorted(set(fields) - _FIELDS)
+    if unknown:
+        raise LlogosError(f"unknown field \"{unknown[0]}\" (known: {', '.join(sorted(_FIELDS))})")
+    if ("prompt" in fields) == ("messages" in fields):
+        raise LlogosError("give exactly one of \"prompt\" and \"messages\"")
+    criteria = d.criteria
+    if "stop" in fields:
+        stop = fields["stop"]
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise LlogosError("\"stop\" must be a string or a list of strings")
+        criteria = replace(criteria, stop_strings=tuple(stops))
+    if "messages" in fields:
+        if chat is None:
+            raise LlogosError("\"messages\" needs a chat template (the model has none; see --chat-template)")
+        text = chat.text(parse_messages(fields["messages"], "\"messages\""))
+        ids = tokenizer.encode(text, add_bos=False)
+        criteria = replace(criteria, stop_strings=criteria.stop_strings + chat.stop_strings(),
+                           stop_ids=criteria.stop_ids | chat.stop_ids())
+    else:
+        ids = tokenizer.encode(_typed(fields, "prompt", str))
+    if "n_predict" in fields and "max_tokens" in fields:
+        raise LlogosError("give either \"n_predict\" or \"max_tokens\", not both")
+    for name in ("n_predict", "max_tokens"):
+        if name in fields:
+            n = _typed(fields, name, int)
+            if n < -1:
+                raise LlogosError(f"\"{name}\" must be -1 (no limit) or a count of tokens")
+            criteria = replace(criteria, n_predict=n)
+    if "ignore_eos" in fields:
+        criteria = replace(criteria, ignore_eos=_typed(fields, "ignore_eos", bool))
+    n_logprobs = d.n_logprobs
+    if "logprobs" in fields:
+        n_logprobs = _typed(fields, "logprobs", (bool, int))
+        if n_logprobs < 0:
+            raise LlogosError("\"logprobs\" must be the number of top log-probabilities to report")
+        n_logprobs = int(n_logprobs)
+    overrides = {field: _typed(fields, name, kinds) for name, (field, kinds) in _SAMPLING.items() if name in fields}
+    overrides.setdefault("seed", row_seed(d.seed, rid))
+    return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs)
+
+
+def _typed(fields: dict, name: str, kinds):
+    value = fields[name]
+    wrong_bool = isinstance(value, bool) and kinds is not bool and bool not in (kinds if isinstance(kinds, tuple) else ())
+    if wrong_bool or not isinstance(value, kinds):
+        raise LlogosError(f"\"{name}\" has the wrong type ({type(value).__name__})")
+    return value

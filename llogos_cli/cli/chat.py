@@ -1,0 +1,94 @@
+"""`llogos chat`: a conversation through the model's chat template, in a terminal or from a script."""
+
+import sys
+from pathlib import Path
+
+import click
+
+from llogos_cli.cli.group import cli
+from llogos_cli.cli.options import (
+    cache_types,
+    chat_format,
+    drop_newline,
+    model_options,
+    read_prompt,
+    sampling_options,
+    sampling_params,
+    template_options,
+)
+from llogos_cli.cli.repl import Repl, stream
+from llogos_cli.console import err, notice
+from llogos_cli.engine.chat import Chat
+from llogos_cli.engine.conversation import Message, read_messages, with_system
+from llogos_cli.engine.sampling import Sampler
+from llogos_cli.engine.session import Session
+from llogos_cli.errors import LlogosError
+from llogos_cli.model.loader import load, open_model
+
+_FILE = click.Path(path_type=Path, dir_okay=False)
+
+
+@cli.command()
+@model_options
+@click.option("-sys", "--system", help="System prompt.")
+@click.option("-sys-file", "-sysf", "--system-file", type=_FILE, help="Read the system prompt from a file.")
+@click.option("--messages", type=_FILE, help="Continue this conversation: a JSON list of {\"role\", "
+              "\"content\"} messages (or {\"messages\": [...]}). Answers once and exits unless -i.")
+@click.option("-i", "--interactive", is_flag=True, help="With --messages: go on chatting in the terminal.")
+@template_options
+@click.option("--print-prompt", is_flag=True,
+              help="Print the conversation as the model would read it (template applied) and exit.")
+@click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="Most tokens per reply; -1 = until the end of the turn or a full context.")
+@sampling_options
+@click.option("--stats", is_flag=True, help="Timings of each reply on stderr (/stats shows the last one).")
+@click.option("--simple-io", is_flag=True, help="Plain terminal: no colours, no line editing.")
+def chat(**o):
+    """Talk with a model through its chat template.
+
+    On a terminal this opens a conversation (type /help in it). With a message piped on stdin, or
+    with --messages, it writes one reply to stdout and exits.
+    """
+    if o["system"] is not None and o["system_file"] is not None:
+        raise LlogosError("give the system prompt either with --system or with --system-file, not both")
+    if o["interactive"] and not sys.stdin.isatty():
+        raise LlogosError("-i/--interactive needs a terminal on stdin")
+    system = o["system"] if o["system_file"] is None else read_prompt(None, o["system_file"])
+    messages = with_system(read_messages(o["messages"]) if o["messages"] else [], system)
+    interactive = sys.stdin.isatty() and (o["messages"] is None or o["interactive"])
+    if not interactive:
+        messages += _piped_message(required=o["messages"] is None)
+    if o["print_prompt"] and (interactive or not messages):
+        raise LlogosError("--print-prompt needs a conversation: --messages FILE or a message on stdin")
+    mf = open_model(o["model_name"])
+    fmt = chat_format(o, mf.file.meta, mf.entry, mf.tokenizer)
+    if o["print_prompt"]:
+        sys.stdout.write(fmt.text(messages))
+        sys.stdout.flush()
+        return
+    n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
+    sampler = Sampler(sampling_params(o, mf.sampling_defaults), n_ctx)
+    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o))
+    session = Session(m.model, n_ctx, cache_types(o))
+    conversation = Chat(fmt, session, sampler, o["n_predict"], messages)
+    if interactive:
+        if o["simple_io"]:
+            err.no_color = True
+        name = mf.entry.name if mf.entry else mf.path.name
+        notice(f"chatting with {name} (template: {fmt.template.origin}); /help for commands, Ctrl-D to leave")
+        Repl(conversation, o["simple_io"], o["stats"]).run()
+        return
+    reply = conversation.respond(stream)
+    stream("\n")
+    if o["stats"]:
+        notice(reply.summary())
+
+
+def _piped_message(required: bool) -> list[Message]:
+    """The user message piped on stdin (one trailing newline dropped, as for prompts), if any."""
+    text = "" if sys.stdin.isatty() else drop_newline(sys.stdin.read())
+    if text.strip():
+        return [Message("user", text)]
+    if required:
+        raise LlogosError("no message on stdin: pipe one in, run in a terminal to chat, or give --messages FILE")
+    return []

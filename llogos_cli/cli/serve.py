@@ -1,0 +1,132 @@
+"""`llogos serve`: an OpenAI-compatible HTTP server on one running batch of -np slots.
+
+The socket is bound and the server answers (/health says 503) while the weights load on a thread
+of their own; the engine thread starts once they have. Ctrl-C or SIGTERM stops accepting, lets
+in-flight requests finish for a few seconds, cancels the rest, and exits 0.
+"""
+
+import ipaddress
+import socket
+import threading
+
+import click
+
+from llogos_cli.cli.group import cli
+from llogos_cli.cli.options import (
+    cache_types,
+    chat_format_or_none,
+    model_options,
+    sampling_options,
+    sampling_params,
+    template_options,
+)
+from llogos_cli.console import err, warn
+from llogos_cli.engine.batch import BatchEngine
+from llogos_cli.errors import LlogosError
+from llogos_cli.model.loader import load, open_model
+
+GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM before they are cancelled
+
+
+@cli.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but loopback lets other machines in: add --api-key.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="Port to listen on; 0 picks a free one.")
+@click.option("-np", "--parallel", type=click.IntRange(min=1, max=256), default=8, show_default=True,
+              help="Slots: requests generating at once.")
+@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Tokens per step: one per decoding slot, the rest for prompt chunks.")
+@click.option("--queue-size", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests that may wait for a slot; beyond them the server answers 503.")
+@click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="Tokens to generate when a request gives no max_tokens; -1 = until the end of generation "
+                   "or a full context.")
+@sampling_options
+@template_options
+@click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
+              help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
+def serve(**o):
+    """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
+    try:   # the server extra is optional: other commands never import it
+        from llogos_cli.server.app import Hub, Service, create_app
+        from llogos_cli.server.engine_thread import EngineThread
+        from llogos_cli.server.metrics import Metrics
+        from llogos_cli.server.prepare import Defaults
+        from llogos_cli.server.run import run
+    except ImportError as e:
+        raise LlogosError(f"`llogos serve` needs the server extra ({e.name} is missing): "
+                          "pip install 'llogos[server]'") from None
+
+    if o["api_key"] is not None and not o["api_key"].strip():
+        raise LlogosError("--api-key is empty")
+    mf = open_model(o["model_name"])
+    tok = mf.tokenizer
+    params = sampling_params(o, mf.sampling_defaults)
+    chat = chat_format_or_none(o, mf.file.meta, mf.entry, tok)
+    n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
+    sock = _listen(o["host"], o["port"])
+    where = f"http://{_url_host(o['host'])}:{sock.getsockname()[1]}"
+    model_id = mf.entry.name if mf.entry else mf.path.name
+    if not _loopback(o["host"]):
+        warn(f"listening on {o['host']}: other machines can reach this server"
+             f"{'' if o['api_key'] else ', and it has no --api-key'}")
+    failure: list[BaseException] = []
+
+    def start(loop):
+        threading.Thread(target=load_then_run, args=(loop,), name="llogos-load", daemon=True).start()
+
+    def load_then_run(loop):
+        try:
+            m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"])
+            engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"])
+        except (LlogosError, MemoryError) as e:
+            failure.append(e)
+            app.state.server.should_exit = True
+            return
+        thread = EngineThread(engine, loop, o["parallel"], o["queue_size"], hub.metrics)
+        thread.start()
+        hub.service = Service(thread, tok, chat, Defaults(params, o["n_predict"]), n_ctx)
+        err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.b.name}, {o['parallel']} slots "
+                  f"of {n_ctx} tokens)", markup=False, highlight=False, soft_wrap=True)
+
+    def close():
+        if hub.service is not None:
+            hub.service.engine.close()
+
+    def stop():
+        if hub.service is not None:
+            hub.service.engine.stop(timeout=GRACE_S)
+
+    hub = Hub(model_id, o["api_key"], Metrics(o["parallel"]), start, stop)
+    app = create_app(hub)
+    run(app, sock, GRACE_S, close)
+    if failure:
+        raise failure[0]
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The bound socket, so that a port in use is a one-line error before the weights load."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        raise LlogosError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,186 @@
+"""Continuous batching: many requests in one running batch of cache slots.
+
+Each step decodes one token for every running row and prefills prompt chunks of new rows within
+a token budget; a row that finishes frees its slot, which the next waiting request takes at the
+next step. The scheduler decides, the runner evaluates and samples, and the rows fold the tokens
+in; `generate` is add-requests-then-step-until-done, pulling requests lazily so that a file of
+millions of prompts never sits in memory.
+"""
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from llogos_cli.engine.runner import ModelRunner
+from llogos_cli.engine.sampling import Sampler, SamplingParams
+from llogos_cli.engine.scheduler import Scheduler
+from llogos_cli.engine.sequence import Sequence, Timings, Token
+from llogos_cli.engine.session import check_fits
+from llogos_cli.engine.stops import StopCriteria
+from llogos_cli.errors import LlogosError
+from llogos_cli.model.forward import Model
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: object                       # any JSON value; results carry it back
+    prompt: list[int]
+    params: SamplingParams = SamplingParams()
+    criteria: StopCriteria = StopCriteria()
+    n_logprobs: int = 0
+
+
+@dataclass(slots=True)
+class Result:
+    id: object
+    text: str
+    tokens: list[int]                # generated ids, the end-of-generation token left out
+    stop: str                        # "eos", "limit" or "stop-string"
+    timings: Timings
+    logprobs: list | None = None     # per token: [(id, logprob), ...]
+    error: str | None = None         # why the request could not run (nothing else is set then)
+
+    def as_dict(self) -> dict:
+        if self.error is not None:
+            return {"id": self.id, "error": self.error}
+        d = {"id": self.id, "text": self.text, "tokens": self.tokens, "stop": self.stop,
+             "timings": self.timings.as_dict()}
+        if self.logprobs is not None:
+            d["logprobs"] = [[[i, lp] for i, lp in top] for top in self.logprobs]
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What one step did for one request: the token it emitted, if any, and its result once done."""
+    id: object
+    token: Token | None
+    result: Result | None
+
+
+def row_seed(seed: int, request_id) -> int:
+    """A request's own random stream from the run's seed and its id, so its sampled text does not
+    depend on what else is in the batch or in which order requests arrive."""
+    digest = hashlib.sha256(f"{seed}:{json.dumps(request_id, sort_keys=True)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+@dataclass(slots=True, eq=False)
+class Row:
+    request: Request
+    seq: Sequence
+    tokens: list[int]                # prompt + generated; the last one is not yet in the cache
+    slot: int = -1
+    n_cached: int = 0                # tokens of this row in its cache slot
+    emitted: list[Token] = field(default_factory=list)
+    started: float = 0.0
+    first_token: float = 0.0
+
+    def result(self, now: float) -> Result:
+        seq = self.seq
+        logprobs = [t.logprobs for t in self.emitted] if self.request.n_logprobs else None
+        timings = Timings(prompt_n=len(seq.prompt), prompt_ms=(self.first_token - self.started) * 1e3,
+                          predicted_n=len(seq.generated), predicted_ms=(now - self.first_token) * 1e3)
+        return Result(self.request.id, "".join(t.text for t in self.emitted) + seq.tail,
+                      [t.id for t in self.emitted], seq.stop, timings, logprobs)
+
+
+class BatchEngine:
+    """Takes requests, steps them through the model in up to n_slots rows, and reports tokens and
+    finished results. Results depend only on each request, never on its batch-mates."""
+
+    def __init__(self, model: Model, tokenizer, n_slots: int, n_ctx: int,
+                 cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = 512):
+        self.tokenizer, self.n_ctx = tokenizer, n_ctx
+        self.scheduler = Scheduler(n_slots, step_tokens)
+        self.runner = ModelRunner(model, n_slots, n_ctx, cache_types)
+        self._done: list[Update] = []    # requests that ended before needing a slot
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle and not self._done
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def add(self, request: Request) -> None:
+        """Queue a request; a prompt that cannot run raises LlogosError and queues nothing."""
+        if not request.prompt:
+            raise LlogosError("the prompt is empty after tokenization")
+        n_vocab = self.tokenizer.n_vocab
+        if any(not 0 <= t < n_vocab for t in request.prompt):
+            raise LlogosError(f"a prompt token id is out of range (the vocabulary has {n_vocab} tokens)")
+        check_fits(len(request.prompt), self.n_ctx)
+        seq = Sequence(self.tokenizer, request.prompt, Sampler(request.params, self.n_ctx), request.criteria,
+                       self.n_ctx, request.n_logprobs)
+        row = Row(request, seq, list(request.prompt))
+        if seq.stop is not None:   # nothing to generate (n_predict 0, or no room left)
+            self._done.append(Update(request.id, None, row.result(time.perf_counter())))
+        else:
+            self.scheduler.add(row)
+
+    def cancel(self, request_id) -> bool:
+        """Drop a request, waiting or running; its slot is free for the next step."""
+        for row in list(self.scheduler.waiting):
+            if row.request.id == request_id:
+                self.scheduler.waiting.remove(row)
+                return True
+        for row in self.scheduler.running:
+            if row.request.id == request_id:
+                self.scheduler.finish(row)
+                return True
+        return False
+
+    def step(self) -> list[Update]:
+        updates, self._done = self._done, []
+        work = self.scheduler.schedule()
+        if not work:
+            return updates
+        now = time.perf_counter()
+        for w in work:
+            if w.start == 0:
+                w.row.started = now
+        chosen = self.runner.run(work)
+        now = time.perf_counter()
+        for w, (token_id, logprobs) in zip((w for w in work if w.samples), chosen):
+            row = w.row
+            row.n_cached = w.end
+            if not row.seq.generated:
+                row.first_token = now
+            token = row.seq.push(token_id, logprobs)
+            if token is not None:
+                row.emitted.append(token)
+            if row.seq.stop is not None:
+                self.scheduler.finish(row)
+                updates.append(Update(row.request.id, token, row.result(now)))
+            else:
+                row.tokens.append(token_id)
+                updates.append(Update(row.request.id, token, None))
+        for w in work:
+            if not w.samples:
+                w.row.n_cached = w.end
+        return updates
+
+    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+        """Run every request, yielding each result as it finishes. Requests are pulled from the
+        iterable only as slots come free, so it may be a lazy stream of any length."""
+        pending = iter(requests)
+        exhausted = False
+        while True:
+            while not exhausted and self.n_waiting <= self.scheduler.slots.n_free:
+                request = next(pending, None)
+                if request is None:
+                    exhausted = True
+                    continue
+                try:
+                    self.add(request)
+                except LlogosError as e:   # one bad request never costs the others
+                    yield Result(request.id, "", [], "", Timings(), error=str(e))
+            if exhausted and self.idle:
+                return
+            for update in self.step():
+                if update.result is not None:
+                    yield update.result

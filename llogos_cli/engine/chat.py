@@ -1,0 +1,109 @@
+"""A conversation held against one model context: each turn prefills only what is new."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llogos_cli.console import warn
+from llogos_cli.engine.conversation import ChatFormat, Message, fit, with_system
+from llogos_cli.engine.generation import Generation
+from llogos_cli.engine.sampling import Sampler
+from llogos_cli.engine.sequence import Timings
+from llogos_cli.engine.session import Session
+from llogos_cli.engine.stops import StopCriteria
+from llogos_cli.errors import LlogosError
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    text: str
+    stop: str               # "eos" (end of turn), "limit", "stop-string", "interrupted"
+    prompt_tokens: int      # the whole rendered conversation; timings.prompt_n is the part prefilled
+    timings: Timings
+
+    def summary(self) -> str:
+        t = self.timings
+        return (f"prompt {self.prompt_tokens} tokens, {t.prompt_n} prefilled in {t.prompt_ms:.0f} ms"
+                f"{_rate(t.prompt_n, t.prompt_ms)} | reply {t.predicted_n} tokens in {t.predicted_ms:.0f} ms"
+                f"{_rate(t.eval_runs, t.predicted_ms)}")
+
+
+def _rate(n: int, ms: float) -> str:
+    return f" ({n / ms * 1e3:.1f} tokens/s)" if n and ms > 0 else ""
+
+
+class Chat:
+    """The messages so far and the Session that has seen them.
+
+    Every turn renders the whole conversation and hands it to Session.evaluate, which keeps the
+    longest prefix already in the KV cache: in a growing conversation that is everything up to
+    the new message. Whatever re-renders differently (a reply re-tokenized, a dropped turn, a
+    new system prompt) is prefilled again from the first token that differs."""
+
+    def __init__(self, fmt: ChatFormat, session: Session, sampler: Sampler, n_predict: int,
+                 messages: list[Message]):
+        self.fmt = fmt
+        self.session = session
+        self.sampler = sampler   # one for the whole chat, so /regen draws a new sample
+        self.criteria = StopCriteria(n_predict, fmt.stop_strings(), stop_ids=fmt.stop_ids())
+        self.messages = list(messages)
+        self.last: Reply | None = None
+
+    @property
+    def system(self) -> str | None:
+        return self.messages[0].content if self.messages and self.messages[0].role == "system" else None
+
+    def set_system(self, text: str) -> None:
+        self.messages = with_system(self.messages, text)
+
+    def clear(self) -> None:
+        """A new conversation under the same system prompt; its tokens stay cached for the next turn."""
+        self.messages = self.messages[:1] if self.system is not None else []
+
+    def _room_for_reply(self) -> int:
+        n_ctx, n = self.session.n_ctx, self.criteria.n_predict
+        return min(n, n_ctx // 2) if n >= 0 else n_ctx // 4
+
+    def respond(self, emit: Callable[[str], None], interrupted: Callable[[], bool] = lambda: False) -> Reply:
+        """Generate the assistant's next message, passing its text to `emit` as it comes, and add it
+        to the conversation, also when `interrupted()` turns true or Ctrl-C cuts it short."""
+        self.last = None
+        if not self.messages or self.messages[-1].role != "user":
+            raise LlogosError("the conversation does not end with a user message: there is nothing to reply to")
+        kept, ids = fit(self.fmt, self.messages, self.session.n_ctx - self._room_for_reply())
+        if len(kept) < len(self.messages):
+            warn(f"the conversation outgrew the context of {self.session.n_ctx} tokens: "
+                 f"dropped the {len(self.messages) - len(kept)} oldest messages")
+            self.messages = kept
+        # The prompt is the whole conversation, so the penalties' history starts afresh from it.
+        self.sampler.history.clear()
+        gen = Generation(self.session, self.fmt.tokenizer, ids, self.sampler, self.criteria)
+        pieces, stop = [], None
+        tokens = iter(gen)
+        try:
+            for t in tokens:
+                pieces.append(t.text)
+                emit(t.text)
+                if interrupted():
+                    stop = "interrupted"
+                    break
+            else:
+                pieces.append(gen.tail)
+                emit(gen.tail)
+        except KeyboardInterrupt:
+            # Cut inside a forward pass: the cache and any recurrent state may be half-written.
+            stop = "interrupted"
+            self.session.reset()
+            raise
+        finally:
+            tokens.close()
+            self.last = Reply("".join(pieces), stop or gen.stop, len(ids), gen.timings)
+            self.messages.append(Message("assistant", self.last.text))
+        if gen.context_full:
+            warn(f"the reply filled the context of {self.session.n_ctx} tokens")
+        return self.last
+
+    def regenerate(self, emit: Callable[[str], None], interrupted: Callable[[], bool] = lambda: False) -> Reply:
+        """Replace the last reply with a new one."""
+        if self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        return self.respond(emit, interrupted)

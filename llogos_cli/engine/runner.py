@@ -1,0 +1,51 @@
+"""Turns a step's work into one forward pass over the cache, and samples every row that needs it.
+
+A step of decode rows only (one token each) goes through the backend's decoder, which on a GPU
+replays a CUDA graph; a step with prompt chunks runs the forward pass eagerly. Plain greedy rows
+take their argmax where the logits are; only the other rows' logits cross to the host.
+"""
+
+import numpy as np
+
+from llogos_cli.engine.scheduler import Work
+from llogos_cli.model.forward import Batch, Model
+
+
+class ModelRunner:
+    def __init__(self, model: Model, n_slots: int, n_ctx: int, cache_types: tuple[str | None, str | None]):
+        self.model = model
+        self.cache = model.new_cache(n_slots, n_ctx, *cache_types)
+        self._decode = model.b.decoder(model, self.cache)
+
+    def run(self, work: list[Work]) -> list[tuple[int, list | None]]:
+        """Evaluate the work; the next (token id, top logprobs) of each item that samples, in order."""
+        for w in work:
+            if w.start == 0:   # a new sequence in this slot
+                self.cache.reset(w.row.slot)
+        sampling = [w for w in work if w.samples]
+        if all(w.end - w.start == 1 for w in work):
+            logits = self._decode(np.array([w.row.tokens[w.start] for w in work], np.int32),
+                                  np.array([w.row.slot for w in work], np.int32),
+                                  np.array([w.start for w in work], np.int32))
+            if len(sampling) < len(work):
+                logits = logits[[i for i, w in enumerate(work) if w.samples]]
+        else:
+            batch = Batch.join([Batch.run(w.row.tokens[w.start:w.end], w.row.slot, w.start,
+                                          [w.end - w.start - 1] if w.samples else []) for w in work])
+            logits = self.model.forward(self.cache, batch)
+        return self._sample([w.row for w in sampling], logits)
+
+    def _sample(self, rows: list, logits) -> list[tuple[int, list | None]]:
+        b = self.model.b
+        greedy = [i for i, r in enumerate(rows) if r.seq.plain_greedy]
+        chosen: list = [None] * len(rows)
+        if greedy:
+            ids = b.argmax_rows(logits if len(greedy) == len(rows) else logits[greedy])
+            for i, token_id in zip(greedy, ids):
+                chosen[i] = (int(token_id), None)
+        others = [i for i in range(len(rows)) if chosen[i] is None]
+        if others:
+            host = b.to_host(logits[others])
+            for i, row_logits in zip(others, host):
+                chosen[i] = rows[i].seq.choose(row_logits)
+        return chosen

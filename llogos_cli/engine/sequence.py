@@ -1,0 +1,95 @@
+"""One prompt's generation as it goes: the tokens sampled so far, their text, and why it ended.
+
+The same per-token rules serve a single `generate` and every row of a batch: end-of-generation
+and chat end-of-turn tokens, the token limit, the room left in the context, and stop strings.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from llogos_cli.engine.sampling import Sampler, top_logprobs
+from llogos_cli.engine.stops import StopCriteria, StopFilter
+from llogos_cli.tokenizer.detokenize import StreamDecoder
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    id: int
+    text: str                          # what this token adds to the output (see StopFilter)
+    logprobs: list | None = None       # [(id, logprob), ...] before any sampling transform
+
+
+@dataclass(slots=True)
+class Timings:
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    eval_runs: int = 0        # forward passes during generation (the first token needs none)
+
+    def as_dict(self) -> dict:
+        return {"prompt_n": self.prompt_n, "prompt_ms": round(self.prompt_ms, 3),
+                "prompt_per_second": _rate(self.prompt_n, self.prompt_ms),
+                "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
+                "predicted_per_second": _rate(self.predicted_n, self.predicted_ms)}
+
+
+def _rate(n: int, ms: float) -> float:
+    return round(n / ms * 1000.0, 3) if ms > 0 else 0.0
+
+
+class Sequence:
+    """Feed it sampled tokens with push(); `stop` is set ("eos", "limit" or "stop-string") once it
+    has ended, and `tail` holds the text released only at the end (a held-back stop-string prefix
+    or a partial UTF-8 character)."""
+
+    def __init__(self, tokenizer, prompt: list[int], sampler: Sampler, criteria: StopCriteria, n_ctx: int,
+                 n_logprobs: int = 0, special: bool = False):
+        self.tokenizer, self.prompt, self.sampler, self.criteria = tokenizer, prompt, sampler, criteria
+        self.n_logprobs = n_logprobs
+        self.generated: list[int] = []
+        self.room = n_ctx - len(prompt)        # tokens that still fit in the context
+        self.stop: str | None = None
+        self.tail = ""
+        self.context_full = False
+        self._decoder, self._stops = StreamDecoder(tokenizer, special), StopFilter(criteria.stop_strings)
+        for t in prompt:
+            sampler.accept(t)
+        if not self.wants_more:
+            self._end("limit")
+
+    @property
+    def wants_more(self) -> bool:
+        n = len(self.generated)
+        return (self.criteria.n_predict < 0 or n < self.criteria.n_predict) and n < self.room
+
+    @property
+    def plain_greedy(self) -> bool:
+        """The next token is the argmax of the raw logits: it can be taken where the logits are."""
+        return self.sampler.plain_greedy and not self.n_logprobs
+
+    def choose(self, row: np.ndarray) -> tuple[int, list | None]:
+        """Sample from a host logits row; with the top log-probabilities when asked for."""
+        return self.sampler.sample(row), (top_logprobs(row, self.n_logprobs) if self.n_logprobs else None)
+
+    def push(self, token_id: int, logprobs: list | None = None) -> Token | None:
+        """Fold in the next token: the Token to emit, or None when it ends the sequence unseen."""
+        crit = self.criteria
+        self.generated.append(token_id)
+        if token_id in crit.stop_ids or (token_id in self.tokenizer.eog_ids and not crit.ignore_eos):
+            self._end("eos")
+            return None
+        self.sampler.accept(token_id)
+        token = Token(token_id, self._stops.push(self._decoder.push(token_id)), logprobs)
+        if self._stops.hit:
+            self._end("stop-string")
+        elif not self.wants_more:
+            self._end("limit")
+        return token
+
+    def _end(self, why: str) -> None:
+        self.stop = why
+        self.context_full = why == "limit" and len(self.generated) >= self.room
+        if why != "stop-string":
+            self.tail = self._stops.push(self._decoder.flush()) + self._stops.flush()

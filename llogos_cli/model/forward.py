@@ -1,0 +1,230 @@
+"""The transformer forward pass, written once for every supported family.
+
+Family differences are flags in ModelConfig; tensors are looked up by their GGUF names.
+"""
+
+import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from llogos_cli.errors import LlogosError
+from llogos_cli.gguf import quants
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model import deltanet
+from llogos_cli.model.config import ModelConfig
+
+
+class Model:
+    def __init__(self, f: GGUFFile, backend):
+        self.cfg = ModelConfig.from_gguf(f)
+        self.b = backend
+        for name, info in f.tensors.items():
+            quants.check_supported(info.ggml_type, name)
+
+        def load(name: str):
+            info, raw = f.tensors[name], f.raw(name)
+            if len(info.shape) == 1:
+                return backend.vector(raw, info.ggml_type)
+            in_products = name != "token_embd.weight" or self.cfg.output == name
+            return backend.matrix(raw, info.ggml_type, matmul=in_products)
+
+        # NumPy releases the GIL while it dequantizes: loading on every core halves start-up.
+        with ThreadPoolExecutor(os.cpu_count() if backend.parallel_load else 1) as pool:
+            self.w = dict(zip(f.tensors, pool.map(load, f.tensors)))
+        # What one decode step streams from memory: the basis of the bandwidth figure.
+        self.weight_bytes = sum(w.nbytes for w in self.w.values())
+
+    def new_cache(self, n_slots: int, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> "Cache":
+        """KV cache and recurrent state for n_slots sequences of up to n_ctx tokens each, plus one
+        scratch slot (pad_slot) that padding rows of a fixed-size decode step may write to. The
+        cache types default to the backend's (f32 on CPU, f16 on GPU)."""
+        c = self.cfg
+        type_k, type_v = type_k or self.b.default_cache_type, type_v or self.b.default_cache_type
+        n = n_slots + 1
+        kv = [None if c.recurrent[il] else
+              self.b.kv_cache(n, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
+              for il in range(c.n_layer)]
+        state = [deltanet.new_state(self.b, c, n) if c.recurrent[il] else None for il in range(c.n_layer)]
+        return Cache(n_slots, n_ctx, kv, state)
+
+    def new_context(self, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> "Context":
+        """One sequence: slot 0 of a cache of its own."""
+        return Context(self.new_cache(1, n_ctx, type_k, type_v))
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, cache: "Cache", batch: "Batch"):
+        """Run a batch of tokens, each at its own (slot, position) of the cache; return the logits of
+        the tokens batch.logits lists (the LM head is the costly part), (len(batch.logits), n_vocab)."""
+        c, b, w = self.cfg, self.b, self.w
+        layout = b.batch_layout(batch.slots, batch.pos)
+
+        x = b.embed(w["token_embd.weight"], batch.tokens)               # (T, n_embd)
+        if c.embed_scale != 1.0:
+            x = b.scale(x, c.embed_scale)                               # (T, n_embd)
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps)      # (T, n_embd)
+            h = (deltanet.block(b, c, w, p, h, cache.state[il], layout) if c.recurrent[il]
+                 else self._attention(il, p, h, batch.pos, cache.kv[il], layout))  # (T, n_embd)
+            if c.post_norms:
+                h = b.rmsnorm(h, w[p + "post_attention_norm.weight"], c.norm_eps)  # (T, n_embd)
+            x = b.add(x, h)                                             # (T, n_embd)
+            h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps)  # (T, n_embd)
+            h = self._ffn(p, h)                                         # (T, n_embd)
+            if c.post_norms:
+                h = b.rmsnorm(h, w[p + "post_ffw_norm.weight"], c.norm_eps)  # (T, n_embd)
+            x = b.add(x, h)                                             # (T, n_embd)
+
+        if len(batch.logits) < len(batch.tokens):   # a gather inside a captured decode graph would not replay
+            x = x[batch.logits]                                         # (T', n_embd)
+        x = b.rmsnorm(x, w["output_norm.weight"], c.norm_eps)           # (T', n_embd)
+        return b.matmul(x, w[c.output])                                 # (T', n_vocab)
+
+    def forward_rows(self, cache: "Cache", tokens, slots, pos):
+        """Decode rows, one token each (what a backend's decoder steps): -> logits (R, n_vocab)."""
+        return self.forward(cache, Batch(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
+                                         np.asarray(pos, np.int32), np.arange(len(tokens))))
+
+    def forward_seq(self, ctx: "Context", tokens: np.ndarray, all_logits: bool = False, logits_from: int = 0):
+        """One sequence: run `tokens` at positions ctx.n_past...; return logits for the last token,
+        or with all_logits for every token from index logits_from on."""
+        T = len(tokens)
+        if ctx.n_past + T > ctx.n_ctx:
+            raise LlogosError(f"context is full: {ctx.n_past} + {T} tokens exceed --ctx-size {ctx.n_ctx}")
+        batch = Batch.run(tokens, 0, ctx.n_past, np.arange(logits_from, T) if all_logits else np.array([T - 1]))
+        logits = self.forward(ctx.cache, batch)
+        ctx.n_past += T
+        return logits
+
+    def _attention(self, il: int, p: str, x, pos: np.ndarray, kv, layout):
+        c, b, w = self.cfg, self.b, self.w
+        T = x.shape[0]
+        q = self._linear(p + "attn_q", x)                  # (T, n_head * dk), doubled when gated
+        k = self._linear(p + "attn_k", x)                  # (T, n_head_kv * dk)
+        v = self._linear(p + "attn_v", x)                  # (T, n_head_kv * dv)
+        if c.attn_gate:   # each head's query is followed by its output gate
+            qg = q.reshape(T, c.n_head, 2 * c.head_dim_k)
+            q, gate = qg[..., :c.head_dim_k], qg[..., c.head_dim_k:]    # (T, n_head, dk) each
+        q = q.reshape(T, c.n_head, c.head_dim_k)           # (T, n_head, dk)
+        k = k.reshape(T, c.n_head_kv, c.head_dim_k)        # (T, n_head_kv, dk)
+        v = v.reshape(T, c.n_head_kv, c.head_dim_v)        # (T, n_head_kv, dv)
+        if c.qk_norm:
+            q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)  # (T, n_head, dk)
+            k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)  # (T, n_head_kv, dk)
+        factors = w.get("rope_freqs.weight")              # (rope_dims / 2,) Llama 3.1+ long-context scaling
+        q = b.rope(q, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)  # (T, n_head, dk)
+        k = b.rope(k, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)  # (T, n_head_kv, dk)
+        b.kv_store(kv, k, v, layout)
+        o = b.attention(q, kv, layout, c.attn_scale, c.window[il])      # (T, n_head, dv)
+        if c.attn_gate:
+            o = b.mul(o, b.sigmoid(gate))                 # (T, n_head, dv)
+        return b.matmul(o.reshape(T, c.n_head * c.head_dim_v), w[p + "attn_output.weight"])
+
+    def _ffn(self, p: str, x):
+        b, w = self.b, self.w
+        gate = b.matmul(x, w[p + "ffn_gate.weight"])       # (T, n_ff)
+        up = b.matmul(x, w[p + "ffn_up.weight"])           # (T, n_ff)
+        return b.matmul(b.glu(gate, up, self.cfg.gelu_ffn), w[p + "ffn_down.weight"])  # (T, n_embd)
+
+    def _linear(self, name: str, x):
+        y = self.b.matmul(x, self.w[name + ".weight"])
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else self.b.add(y, bias)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Tokens of one or more sequences for one forward pass, as llama.cpp's llama_batch: token t
+    goes to cache slot slots[t] at position pos[t]. A slot's tokens are one contiguous run with
+    consecutive positions. `logits` lists the tokens whose logits are wanted."""
+    tokens: np.ndarray   # (T,) int32
+    slots: np.ndarray    # (T,) int32
+    pos: np.ndarray      # (T,) int32
+    logits: np.ndarray   # (T',) increasing indices into tokens
+
+    @staticmethod
+    def run(tokens, slot: int, pos0: int, logits) -> "Batch":
+        """A run of tokens of one slot from position pos0."""
+        T = len(tokens)
+        return Batch(np.asarray(tokens, np.int32), np.full(T, slot, np.int32),
+                     np.arange(pos0, pos0 + T, dtype=np.int32), np.asarray(logits, np.intp))
+
+    @staticmethod
+    def join(batches: list["Batch"]) -> "Batch":
+        offsets = np.cumsum([0] + [len(b.tokens) for b in batches[:-1]])
+        return Batch(*(np.concatenate([getattr(b, f) for b in batches]) for f in ("tokens", "slots", "pos")),
+                     np.concatenate([b.logits + o for b, o in zip(batches, offsets)]).astype(np.intp))
+
+
+@dataclass(slots=True)
+class Cache:
+    """The KV cache of attention layers and the recurrent state of the rest, one region per slot
+    (the first axis of every array); slot n_slots is the scratch pad_slot."""
+    n_slots: int
+    n_ctx: int
+    kv: list
+    state: list
+
+    @property
+    def pad_slot(self) -> int:
+        return self.n_slots
+
+    @property
+    def recurrent(self) -> bool:
+        return any(s is not None for s in self.state)
+
+    def reset(self, slot: int) -> None:
+        """Start a new sequence in slot: its recurrent state back to zeros (KV entries past a
+        sequence's length are never read, so they need no clearing)."""
+        for s in self.state:
+            if s is not None:
+                for f in dataclasses.fields(s):
+                    getattr(s, f.name)[slot] = 0
+
+    def snapshot(self, slot: int) -> list:
+        """A copy of slot's recurrent state (its size does not grow with the context)."""
+        return [None if s is None else [getattr(s, f.name)[slot].copy() for f in dataclasses.fields(s)]
+                for s in self.state]
+
+    def restore(self, slot: int, snap: list) -> None:
+        """Copy a snapshot back into the arrays in place, which a captured CUDA graph keeps reading."""
+        for current, saved in zip(self.state, snap):
+            if current is not None:
+                for f, arr in zip(dataclasses.fields(current), saved):
+                    getattr(current, f.name)[slot] = arr
+
+
+@dataclass(slots=True)
+class Context:
+    """One sequence in slot 0 of its own cache, with the number of positions it holds."""
+    cache: Cache
+    n_past: int = 0
+
+    @property
+    def n_ctx(self) -> int:
+        return self.cache.n_ctx
+
+    @property
+    def recurrent(self) -> bool:
+        return self.cache.recurrent
+
+    def rewind(self, n: int) -> bool:
+        """Forget positions n and later. Recurrent state cannot be rewound, only rebuilt."""
+        if n != self.n_past and self.recurrent:
+            return False
+        self.n_past = min(self.n_past, n)
+        return True
+
+    def snapshot(self) -> tuple[int, list]:
+        """Mark this point (say, before a reply) for restore(), the way back rewind() cannot take for
+        recurrent layers. The KV cache below n_past is left alone by later tokens and needs no copy."""
+        return self.n_past, self.cache.snapshot(0)
+
+    def restore(self, snap: tuple[int, list]) -> None:
+        """Return to a snapshot, as often as wanted. Valid while the positions before it are unchanged:
+        evaluating on from an older snapshot invalidates newer ones."""
+        self.n_past, state = snap
+        self.cache.restore(0, state)

@@ -1,0 +1,99 @@
+"""From a -m value to a ready model and tokenizer on the chosen backend.
+
+Opening (the file's header, the config and the tokenizer) is cheap and comes first, so that bad
+input is reported before the weights are read; loading the weights is the slow part.
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from llogos_cli.backends import get_backend
+from llogos_cli.console import err, warn
+from llogos_cli.errors import LlogosError
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model import memory
+from llogos_cli.model.config import ModelConfig
+from llogos_cli.model.forward import Model
+from llogos_cli.model.registry import ModelEntry, resolve_model
+from llogos_cli.tokenizer.tokenizer import Tokenizer
+
+DEFAULT_MAX_CTX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFile:
+    """Everything about a model but its weights."""
+    path: Path
+    entry: ModelEntry | None
+    file: GGUFFile
+    cfg: ModelConfig
+    tokenizer: Tokenizer
+    open_ms: float
+
+    @property
+    def sampling_defaults(self) -> dict:
+        return self.entry.sampling if self.entry else {}
+
+    def n_ctx(self, requested: int | None, allow_long: bool = False) -> int:
+        """-c/--ctx-size, defaulting to the trained context capped at 4096; 0 means the trained context.
+        A larger -c is capped at the trained context with a notice, unless allow_long (--allow-long-ctx)
+        keeps it: positions past training are an explicit choice, and the memory check says whether it fits."""
+        trained = self.cfg.n_ctx_train
+        if requested is None:
+            return min(trained, DEFAULT_MAX_CTX)
+        if requested > trained and not allow_long:
+            warn(f"-c {requested} capped at the {trained} tokens {self.path.name} was trained on "
+                 "(--allow-long-ctx keeps it)")
+            return trained
+        return requested or trained
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    source: ModelFile
+    model: Model
+    load_ms: float   # opening included
+    memory: str = ""   # how the weights are held and what the model needs, for --stats
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.source.tokenizer
+
+
+def open_model(name_or_path: str | None) -> ModelFile:
+    t0 = time.perf_counter()
+    path, entry = resolve_model(name_or_path, install=True)
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    tokenizer = Tokenizer.from_gguf(f)
+    if tokenizer.n_vocab != cfg.n_vocab:
+        raise LlogosError(f"{path}: tokenizer has {tokenizer.n_vocab} tokens but the model "
+                          f"has {cfg.n_vocab} outputs")
+    return ModelFile(path, entry, f, cfg, tokenizer, (time.perf_counter() - t0) * 1e3)
+
+
+def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str = "auto",
+         n_ctx: int | None = None, cache_types: tuple[str | None, str | None] = (None, None),
+         n_slots: int = 1) -> Loaded:
+    """The weights on the backend, from an opened ModelFile or a -m value. Before any weight is read,
+    a model that would not fit in memory with n_slots contexts of n_ctx tokens (default: the default
+    -c) is refused with a one-line LlogosError."""
+    if not isinstance(source, ModelFile):
+        source = open_model(source)
+    t0 = time.perf_counter()
+    f, cfg = source.file, source.cfg
+    n_ctx = n_ctx or source.n_ctx(None)
+    type_k, type_v = cache_types
+    weights, why = memory.choose_cpu_weights(f, cfg, cpu_weights, n_ctx, type_k or "f32", type_v or "f32", n_slots)
+    b = get_backend(backend, weights)
+    held = "cuda" if b.name == "cuda" else weights
+    need = memory.need(f, cfg, held, n_ctx, type_k or b.default_cache_type, type_v or b.default_cache_type, n_slots)
+    available = memory.gpu_available() if held == "cuda" else memory.host_available()
+    memory.check_fits(need, available, "GPU" if held == "cuda" else "host", n_ctx, held)
+    note = f"{need.total / memory.GiB:.2f} GiB needed of {available / memory.GiB:.1f} GiB available"
+    if held != "cuda":
+        note = f"cpu weights {weights} ({why}); {note}"
+    with err.status(f"loading {source.path.name}", spinner="dots"):
+        model = Model(f, b)
+    return Loaded(source, model, source.open_ms + (time.perf_counter() - t0) * 1e3, note)

@@ -1,0 +1,141 @@
+"""What a model will need in memory, against what there is: decided before any weight is read.
+
+The need is the weights as the backend will hold them, the KV cache of n_slots sequences of n_ctx
+positions, the recurrent state, and scratch for a prefill batch. Host memory is what the kernel
+reports available (MemAvailable, bounded by a cgroup limit); on CUDA, the GPU's free memory. A
+model that cannot fit is refused with one line, instead of being killed by the kernel part-way.
+"""
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from llogos_cli.errors import LlogosError
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.config import ModelConfig
+
+GiB = 1 << 30
+# auto expands to float32 only when that copy, with everything else, leaves this much of the
+# memory free: the page cache, the tokenizer, and other programs need some too.
+F32_HEADROOM = 0.5
+# ...and only for models this small (weights used in products): past it, decode reads 4 bytes a
+# weight from memory on the float32 path, slower than the quantized kernels (see docs/PERF.md).
+F32_MAX_WEIGHTS = 200_000_000
+PREFILL_BATCH = 512      # tokens a prefill step holds activations for (engine.generation's batch)
+QUERY_CHUNK = 256        # query rows whose attention scores the CPU holds at once
+# Bytes per cached element: the CPU holds q8_0 entries as float32 after rounding, CUDA packs them.
+_KV_BYTES = {"cpu": {"f32": 4, "f16": 2, "q8_0": 4}, "cuda": {"f32": 4, "f16": 2, "q8_0": 34 / 32}}
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    weights: int
+    kv_cache: int
+    state: int
+    scratch: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.state + self.scratch
+
+
+def _in_products(name: str, cfg: ModelConfig) -> bool:
+    return name != "token_embd.weight" or cfg.output == name
+
+
+def weight_bytes(f: GGUFFile, cfg: ModelConfig, held: str) -> int:
+    """Bytes of the weights as held: "f32" (the CPU's matrices used in products expanded),
+    "quantized" (the CPU reading the file's blocks in place) or "cuda" (blocks uploaded)."""
+    total = 0
+    for name, t in f.tensors.items():
+        n = math.prod(t.shape)
+        if len(t.shape) == 1:
+            total += 4 * n                     # vectors are float32 copies on every backend
+        elif held == "f32" and _in_products(name, cfg):
+            total += 4 * n
+        else:
+            total += t.nbytes
+    return total
+
+
+def need(f: GGUFFile, cfg: ModelConfig, held: str, n_ctx: int, type_k: str, type_v: str,
+         n_slots: int = 1) -> Need:
+    """Memory for the weights as `held` (see weight_bytes) and n_slots sequences of n_ctx tokens."""
+    device = "cuda" if held == "cuda" else "cpu"
+    n_attn = cfg.n_layer - sum(cfg.recurrent)
+    per_position = cfg.n_head_kv * (cfg.head_dim_k * _KV_BYTES[device][type_k]
+                                    + cfg.head_dim_v * _KV_BYTES[device][type_v])
+    kv = int(n_slots * n_ctx * n_attn * per_position)
+    state = 4 * n_slots * sum(cfg.recurrent) * (cfg.ssm.state_floats if cfg.ssm else 0)
+    batch = min(n_ctx, PREFILL_BATCH)
+    activations = batch * (6 * cfg.n_embd + 3 * cfg.n_ff + cfg.n_head * (cfg.head_dim_k + cfg.head_dim_v))
+    scores = cfg.n_head * min(batch, QUERY_CHUNK) * n_ctx
+    logits = batch * cfg.n_vocab
+    return Need(weight_bytes(f, cfg, held), kv, state, 4 * (activations + scores + logits))
+
+
+def host_available() -> int:
+    """Bytes of host memory a new allocation can have: MemAvailable, within a cgroup's limit."""
+    available = _meminfo_available()
+    limit = _cgroup_room()
+    return available if limit is None else min(available, limit)
+
+
+def _meminfo_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _cgroup_room() -> int | None:
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(0, int(limit) - used)
+
+
+def gpu_available() -> int:
+    import cupy
+    return int(cupy.cuda.runtime.memGetInfo()[0])
+
+
+def choose_cpu_weights(f: GGUFFile, cfg: ModelConfig, requested: str, n_ctx: int, type_k: str, type_v: str,
+                       n_slots: int = 1) -> tuple[str, str]:
+    """--cpu-weights: f32 and quantized as asked; auto picks f32 for a small model whose float32
+    copy fits with room to spare, where that path is the faster. -> (mode, why, for --stats and info)."""
+    if requested != "auto":
+        return requested, "--cpu-weights"
+    f32 = need(f, cfg, "f32", n_ctx, type_k, type_v, n_slots)
+    product_weights = sum(math.prod(t.shape) for name, t in f.tensors.items()
+                          if len(t.shape) > 1 and _in_products(name, cfg))
+    if product_weights > F32_MAX_WEIGHTS:
+        return "quantized", f"auto: {product_weights / 1e6:.0f} M weights in products, quantized kernels are faster"
+    available = host_available()
+    if f32.total > F32_HEADROOM * available:
+        return "quantized", (f"auto: the float32 copy would need {f32.total / GiB:.1f} GiB of "
+                             f"{available / GiB:.1f} GiB available")
+    return "f32", f"auto: {product_weights / 1e6:.0f} M weights, float32 copy {f32.weights / GiB:.2f} GiB fits"
+
+
+def check_fits(n: Need, available: int, where: str, n_ctx: int, held: str) -> None:
+    """A one-line error, before loading, when the need exceeds what is available."""
+    if n.total <= available:
+        return
+    tips = []
+    if held == "f32":
+        tips.append("--cpu-weights quantized")
+    if n.kv_cache > n.weights / 4:
+        tips += [f"a smaller -c than {n_ctx}", "--cache-type-k/--cache-type-v f16 or q8_0"]
+    tips.append("another backend" if held == "cuda" else "a smaller model")
+    raise LlogosError(
+        f"the model needs {n.total / GiB:.1f} GiB of {where} memory (weights {n.weights / GiB:.1f} GiB "
+        f"{'as float32' if held == 'f32' else 'as stored'}, KV cache {n.kv_cache / GiB:.1f} GiB for -c {n_ctx}, "
+        f"scratch {(n.state + n.scratch) / GiB:.1f} GiB) but {available / GiB:.1f} GiB is available; "
+        f"try {', '.join(tips)}")

@@ -1,0 +1,253 @@
+"""The HTTP routes of `llogos serve`: the OpenAI API as llama-server speaks it.
+
+Routes only check, enqueue and forward: a request is turned into the engine's Request on a worker
+thread (templating and tokenizing take time), submitted to the engine thread, and its tokens are
+forwarded as they arrive, as server-sent events or gathered into one response. The event loop does
+no model work, so one slow prompt never stalls the other clients.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from llogos_cli.engine.conversation import ChatFormat
+from llogos_cli.errors import LlogosError
+from llogos_cli.server import schemas as s
+from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
+from llogos_cli.server.errors import ApiError
+from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
+from llogos_cli.server.metrics import Metrics
+from llogos_cli.server.prepare import (
+    Defaults,
+    Prepared,
+    prepare_chat,
+    prepare_completion,
+)
+from llogos_cli.server.render import DONE, ChatRenderer, CompletionRenderer, sse
+
+RETRY_AFTER_S = 1   # what a client told the queue is full should wait before trying again
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """The loaded model, ready to take requests."""
+    engine: EngineThread
+    tokenizer: object
+    chat: ChatFormat | None
+    defaults: Defaults
+    n_ctx: int
+
+
+class Hub:
+    """What the routes share: the service once the model has loaded (None until then), the metrics,
+    and the start and stop of the work behind them, run by the app's lifespan."""
+
+    def __init__(self, model_id: str, api_key: str | None, metrics: Metrics,
+                 start: Callable[[asyncio.AbstractEventLoop], None], stop: Callable[[], None]):
+        self.model_id, self.api_key, self.metrics = model_id, api_key, metrics
+        self.start, self.stop = start, stop
+        self.service: Service | None = None
+        self.created = int(time.time())
+
+    def ready(self) -> Service:
+        if self.service is None:
+            raise ApiError(503, "Loading model", code="model_loading")
+        return self.service
+
+
+def create_app(hub: Hub, max_body: int = MAX_BODY) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app):
+        hub.start(asyncio.get_running_loop())
+        yield
+        hub.stop()
+
+    app = FastAPI(title="llogos", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=max_body)
+
+    def authorized(authorization: str | None = Header(None)) -> None:
+        check_key(hub.api_key, authorization)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        if request.url.path.startswith("/v1/") and e.status != 401:
+            hub.metrics.request("rejected")
+        return e.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):
+        return ApiError(e.status_code, str(e.detail), headers=e.headers).response()
+
+    @app.get("/health")
+    async def health():
+        if hub.service is None:
+            return ApiError(503, "Loading model", code="model_loading").response()
+        return {"status": "ok"}
+
+    @app.get("/metrics", dependencies=[Depends(authorized)], response_class=PlainTextResponse)
+    async def metrics():
+        return PlainTextResponse(hub.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models() -> s.ModelList:
+        return s.ModelList(data=[s.ModelCard(id=hub.model_id, created=hub.created)])
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(request: Request):
+        body = _parse(s.ChatCompletionRequest, await request.body())
+        service = hub.ready()
+        prepared = await run_in_threadpool(prepare_chat, body, service.tokenizer, service.chat, service.defaults,
+                                           service.n_ctx)
+        return await _answer(hub, service, prepared, body, ChatRenderer, request)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(request: Request):
+        body = _parse(s.CompletionRequest, await request.body())
+        service = hub.ready()
+        prepared = await run_in_threadpool(prepare_completion, body, service.tokenizer, service.defaults,
+                                           service.n_ctx)
+        return await _answer(hub, service, prepared, body, CompletionRenderer, request)
+
+    return app
+
+
+async def _answer(hub: Hub, service: Service, prepared: Prepared, body, renderer_class, request: Request):
+    req = prepared.request
+    try:
+        events = service.engine.submit(req)
+    except Busy:
+        raise ApiError(503, "the server is busy: every slot is taken and the queue is full", code="queue_full",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    renderer = renderer_class(req.id, hub.model_id, service.tokenizer, prepared.n_top, len(req.prompt),
+                              body.include_usage)
+    accepted = await _until_disconnect(events.get(), request)
+    if isinstance(accepted, LlogosError):
+        raise _failure(accepted) if isinstance(accepted, ShuttingDown) else ApiError(400, str(accepted))
+    if accepted is not GONE and body.stream:   # from here the stream owns the request
+        return StreamingResponse(_stream(hub, service, req.id, events, renderer), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    result = GONE if accepted is GONE else await _until_disconnect(_result(events), request)
+    if result is GONE:
+        service.engine.cancel(req.id)
+        hub.metrics.request("cancelled")
+        return Response(status_code=499)   # nginx's "client closed request": nobody reads it
+    if isinstance(result, LlogosError):
+        hub.metrics.request("failed")
+        return _failure(result).response()
+    hub.metrics.request("ok")
+    return JSONResponse(renderer.whole(result).model_dump(mode="json"))
+
+
+async def _result(events: asyncio.Queue):
+    """The request's Result, or the LlogosError that ended it."""
+    while True:
+        item = await events.get()
+        if isinstance(item, LlogosError):
+            return item
+        if item.result is not None:
+            return item.result
+
+
+GONE = object()   # what _until_disconnect returns when the client left first
+
+
+async def _until_disconnect(awaitable, request: Request):
+    """The awaitable's value, or GONE when the client disconnects first."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if not task.cancelled() else GONE
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(hub: Hub, service: Service, rid: str, events: asyncio.Queue, renderer):
+    """The events of one request as SSE. Starlette cancels this generator when the client
+    disconnects; the finally then frees the request's slot before the engine's next step."""
+    done = False
+    try:
+        for chunk in renderer.first():
+            yield chunk
+        while True:
+            item = await events.get()
+            if isinstance(item, LlogosError):
+                done = True
+                hub.metrics.request("failed")
+                yield sse(_failure(item).body())
+                return
+            if item.token is not None and (chunk := renderer.token(item.token)) is not None:
+                yield chunk
+            if item.result is not None:
+                done = True
+                for chunk in renderer.last(item.result):
+                    yield chunk
+                yield DONE
+                hub.metrics.request("ok")
+                return
+    finally:
+        if not done:
+            service.engine.cancel(rid)
+            hub.metrics.request("cancelled")
+
+
+def _failure(e: LlogosError) -> ApiError:
+    """A request the engine could not finish: the server stopping, or the engine failing."""
+    if isinstance(e, ShuttingDown):
+        return ApiError(503, str(e), code="shutting_down")
+    return ApiError(500, str(e), code="engine_error")
+
+
+def _parse(schema, raw: bytes):
+    """The body as the schema, whatever Content-Type the client sent (curl -d says form data)."""
+    try:
+        return schema.model_validate_json(raw)
+    except ValidationError as e:
+        raise ApiError(400, _explain(e.errors()), param=_param(e.errors())) from None
+
+
+def _explain(errors) -> str:
+    """One line from pydantic's errors: where, and what is wrong, in the API's field names."""
+    e = errors[0]
+    where = _where(e["loc"])
+    if e["type"] == "json_invalid":
+        return f"the body is not valid JSON: {e['msg'].removeprefix('Invalid JSON: ')}"
+    if e["type"] == "extra_forbidden":
+        return f"unknown field '{where}'"
+    if e["type"] == "model_type" and not where:
+        return "the body must be a JSON object"
+    message = e["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def _where(loc) -> str:
+    # A union's members show in the path as their types ("str", "list[...]"): not the client's words.
+    return ".".join(str(p) for p in loc if isinstance(p, int) or not (p in _TYPE_TAGS or "[" in p))
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
+
+
+def _param(errors) -> str | None:
+    loc = errors[0]["loc"]
+    return str(loc[0]) if loc else None

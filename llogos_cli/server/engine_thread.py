@@ -1,0 +1,160 @@
+"""The engine's own thread: it takes requests from the event loop, steps the running batch, and
+hands every request's tokens back to the loop as they come.
+
+The event loop never touches the engine. It submits and cancels through a locked inbox that the
+thread drains between steps (so a cancelled request's slot is free by the next step), and it gets
+each request's events on an asyncio.Queue; the thread fills them all with one call_soon_threadsafe
+per step, so waking the loop costs the same for one stream as for a full batch.
+"""
+
+import asyncio
+import threading
+import traceback
+
+from llogos_cli.console import err
+from llogos_cli.engine.batch import BatchEngine, Request
+from llogos_cli.errors import LlogosError
+from llogos_cli.server.metrics import Metrics
+
+ACCEPTED = "accepted"   # a request's first event when the engine took it; else a LlogosError
+
+
+class Busy(Exception):
+    """Every slot is taken and the wait queue is full."""
+
+
+class ShuttingDown(LlogosError):
+    """The event in place of a request's result when the server stopped before it finished."""
+
+
+class EngineThread:
+    def __init__(self, engine: BatchEngine, loop: asyncio.AbstractEventLoop, n_slots: int, queue_size: int,
+                 metrics: Metrics):
+        self.engine, self.metrics = engine, metrics
+        self.capacity = n_slots + queue_size   # requests running or waiting
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._adds: list[tuple[Request, asyncio.Queue]] = []
+        self._cancels: list[str] = []
+        self._stopping = self._closing = False
+        self._in_flight = 0
+        self._events: dict[str, asyncio.Queue] = {}   # the thread's own: requests the engine holds
+        self._thread = threading.Thread(target=self._run, name="llogos-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: Request) -> asyncio.Queue:
+        """Queue a request (event loop side); its events arrive on the returned queue: ACCEPTED or a
+        LlogosError, then an Update per step until the one that carries its result."""
+        events: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if self._in_flight >= self.capacity:
+                raise Busy
+            self._in_flight += 1
+            self._adds.append((request, events))
+        self._wake.set()
+        return events
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancels.append(request_id)
+        self._wake.set()
+
+    def close(self) -> None:
+        """End every request in flight (each gets ShuttingDown) and refuse new ones."""
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+
+    def stop(self, timeout: float) -> None:
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping:
+                    return
+                adds, self._adds = self._adds, []
+                cancels, self._cancels = self._cancels, []
+                closing = self._closing
+            out = self._end_all(adds) if closing else self._admit(adds)
+            for rid in cancels:
+                if self._events.pop(rid, None) is not None:
+                    self.engine.cancel(rid)
+                    self._release()
+            generated = prompt = 0
+            if not self.engine.idle:
+                step, generated, prompt = self._step()
+                out += step
+            self.metrics.step(generated, prompt, len(self.engine.scheduler.running), self.engine.n_waiting)
+            if out:
+                self._loop.call_soon_threadsafe(_deliver, out)
+            if self.engine.idle:
+                self._wake.wait()
+                self._wake.clear()
+
+    def _admit(self, adds: list[tuple[Request, asyncio.Queue]]) -> list:
+        out = []
+        for request, events in adds:
+            try:
+                self.engine.add(request)
+            except LlogosError as e:
+                out.append((events, e))
+                self._release()
+                continue
+            self._events[request.id] = events
+            out.append((events, ACCEPTED))
+        return out
+
+    def _end_all(self, adds: list[tuple[Request, asyncio.Queue]]) -> list:
+        out = [(events, ShuttingDown("the server is shutting down")) for _, events in adds]
+        for _ in adds:
+            self._release()
+        for rid, events in self._events.items():
+            self.engine.cancel(rid)
+            self._release()
+            out.append((events, ShuttingDown("the server is shutting down")))
+        self._events.clear()
+        return out
+
+    def _step(self) -> tuple[list, int, int]:
+        """One engine step: the events for the loop, tokens generated, prompt tokens of finished requests."""
+        try:
+            updates = self.engine.step()
+        except Exception as e:   # a bug or out of memory: fail what is in flight, keep serving the next ones
+            err.print("[red]engine step failed:[/red]")
+            err.print(traceback.format_exc(), markup=False, highlight=False)
+            failed = [(events, LlogosError(f"the engine failed: {type(e).__name__}: {e}"))
+                      for events in self._events.values()]
+            for rid in list(self._events):
+                self.engine.cancel(rid)
+                self._release()
+            self._events.clear()
+            return failed, 0, 0
+        out, generated, prompt = [], 0, 0
+        for u in updates:
+            events = self._events.get(u.id)
+            if events is None:
+                continue
+            if u.token is not None or (u.result is not None and u.result.timings.predicted_n):
+                generated += 1
+            if u.result is not None:
+                prompt += u.result.timings.prompt_n
+                del self._events[u.id]
+                self._release()
+            out.append((events, u))
+        return out, generated, prompt
+
+
+def _deliver(out: list) -> None:
+    for events, item in out:
+        events.put_nowait(item)

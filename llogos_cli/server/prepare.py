@@ -1,0 +1,103 @@
+"""An API request -> the engine's Request: the prompt's tokens, sampling, stops and limits.
+
+Runs on a worker thread, never on the event loop: rendering a chat template and tokenizing a long
+prompt take real time. Anything the client got wrong is an ApiError (a 400) here, before the
+request reaches the engine.
+"""
+
+import itertools
+from dataclasses import dataclass, replace
+
+from llogos_cli.engine.batch import Request
+from llogos_cli.engine.conversation import ChatFormat, Message
+from llogos_cli.engine.sampling import SamplingParams
+from llogos_cli.engine.stops import StopCriteria
+from llogos_cli.errors import LlogosError
+from llogos_cli.server.errors import ApiError
+from llogos_cli.server.schemas import ChatCompletionRequest, CompletionRequest
+
+# Request fields -> SamplingParams fields.
+_SAMPLING = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+             "repeat_penalty": "repeat_penalty", "seed": "seed"}
+_ids = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """What a request does not say: `llogos serve`'s flags over the model's defaults."""
+    params: SamplingParams
+    n_predict: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    request: Request
+    n_top: int | None                  # top log-probabilities to report; None: none at all
+
+
+def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None, defaults: Defaults,
+                 n_ctx: int) -> Prepared:
+    if chat is None:
+        raise ApiError(400, "the model has no chat template; start the server with --chat-template NAME "
+                       "or use /v1/completions", code="no_chat_template")
+    try:
+        text = chat.text([Message(m.role, m.text) for m in body.messages])
+    except LlogosError as e:
+        raise ApiError(400, str(e), code="template_error") from None
+    ids = _encode(tokenizer, text, add_bos=False)
+    criteria = StopCriteria(stop_strings=body.stops + chat.stop_strings(), ignore_eos=body.ignore_eos,
+                            stop_ids=chat.stop_ids())
+    return _prepared("chatcmpl", body, ids, criteria, defaults, n_ctx)
+
+
+def prepare_completion(body: CompletionRequest, tokenizer, defaults: Defaults, n_ctx: int) -> Prepared:
+    if isinstance(body.prompt, str):
+        ids = _encode(tokenizer, body.prompt, add_bos=None)
+    else:
+        ids = list(body.prompt)
+        bad = next((i for i in ids if i >= tokenizer.n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"prompt token id {bad} is out of range (the vocabulary has {tokenizer.n_vocab} "
+                           "tokens)", param="prompt")
+    criteria = StopCriteria(stop_strings=body.stops, ignore_eos=body.ignore_eos)
+    return _prepared("cmpl", body, ids, criteria, defaults, n_ctx)
+
+
+def _encode(tokenizer, text: str, add_bos: bool | None) -> list[int]:
+    try:
+        return tokenizer.encode(text, add_bos=add_bos)
+    except LlogosError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults: Defaults, n_ctx: int) -> Prepared:
+    if not ids:
+        raise ApiError(400, "the prompt is empty after tokenization")
+    if len(ids) > n_ctx:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens, more than the context of {n_ctx}",
+                       code="context_length_exceeded")
+    n_predict = defaults.n_predict if body.limit is None else body.limit
+    if body.limit is not None and n_predict > n_ctx - len(ids):
+        raise ApiError(400, f"max_tokens {n_predict} does not fit: the prompt has {len(ids)} tokens and the "
+                       f"context {n_ctx}, leaving {n_ctx - len(ids)}", code="context_length_exceeded",
+                       param="max_tokens")
+    overrides = {field: getattr(body, name) for name, field in _SAMPLING.items() if getattr(body, name) is not None}
+    try:
+        params = replace(defaults.params, **overrides)
+    except LlogosError as e:
+        raise ApiError(400, str(e)) from None
+    n_top = body.n_top
+    request = Request(f"{kind}-{next(_ids):x}", ids, params, replace(criteria, n_predict=n_predict),
+                      _engine_logprobs(n_top, params))
+    return Prepared(request, n_top)
+
+
+def _engine_logprobs(n_top: int | None, params: SamplingParams) -> int:
+    """How many top log-probabilities to ask the engine for. The API reports the sampled token's own
+    log-probability, and the engine gives only the top N, so N must reach the sampled token: top-k
+    sampling never draws past the k-th (penalties aside), and greedy takes the first."""
+    if n_top is None:
+        return 0
+    reach = params.top_k if not params.greedy and params.top_k > 0 else 1
+    return max(n_top, reach)

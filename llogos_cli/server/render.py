@@ -1,0 +1,124 @@
+"""Engine tokens and results -> the API's responses: whole bodies, and server-sent event chunks.
+
+A token's text is what it adds to the reply after stop strings are held back, so a stream's
+chunks join to exactly the whole response's text; what is released only at the end (a held-back
+prefix of a stop string that never completed, a partial UTF-8 character) goes in the last chunk.
+"""
+
+import time
+
+from pydantic import BaseModel
+
+from llogos_cli.engine.batch import Result
+from llogos_cli.engine.sequence import Token
+from llogos_cli.server import schemas as s
+
+FINISH = {"eos": "stop", "stop-string": "stop", "limit": "length"}
+DONE = b"data: [DONE]\n\n"
+# OpenAI's own value for a log-probability too small to report; here, a sampled token outside the
+# top N the engine was asked for (only possible when sampling with top_k 0 or with penalties).
+FLOOR_LOGPROB = -9999.0
+
+
+def sse(event: BaseModel) -> bytes:
+    return b"data: " + event.model_dump_json().encode() + b"\n\n"
+
+
+class _Renderer:
+    def __init__(self, rid: str, model: str, tokenizer, n_top: int | None, prompt_n: int, include_usage: bool):
+        self.rid, self.model, self.tokenizer = rid, model, tokenizer
+        self.n_top, self.prompt_n, self.include_usage = n_top, prompt_n, include_usage
+        self.created = int(time.time())
+        self.sent = ""           # streamed text so far
+
+    def usage(self, result: Result) -> s.Usage:
+        n = result.timings.predicted_n
+        return s.Usage(prompt_tokens=self.prompt_n, completion_tokens=n, total_tokens=self.prompt_n + n)
+
+    def _piece(self, token_id: int) -> tuple[str, list[int]]:
+        raw = self.tokenizer.token_bytes(token_id, special=True)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def _top(self, token_id: int, top: list) -> tuple[float, list[tuple[str, list[int], float]]]:
+        """The token's own log-probability and the first n_top of the engine's top list."""
+        own = next((lp for i, lp in top if i == token_id), FLOOR_LOGPROB)
+        return own, [(*self._piece(i), lp) for i, lp in top[:self.n_top]]
+
+
+class ChatRenderer(_Renderer):
+    def _chunk(self, delta: s.ChatDelta, finish: str | None = None, logprobs=None) -> bytes:
+        choice = s.ChatChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
+        return sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model, choices=[choice]))
+
+    def _logprobs(self, ids: list[int], tops: list) -> s.ChatLogprobs:
+        content = []
+        for token_id, top in zip(ids, tops):
+            own, shown = self._top(token_id, top)
+            text, raw = self._piece(token_id)
+            content.append(s.TokenLogprob(token=text, logprob=own, bytes=raw, top_logprobs=[
+                s.TopLogprob(token=t, logprob=lp, bytes=b) for t, b, lp in shown]))
+        return s.ChatLogprobs(content=content)
+
+    def first(self) -> list[bytes]:
+        return [self._chunk(s.ChatDelta(role="assistant", content=""))]
+
+    def token(self, token: Token) -> bytes | None:
+        if not token.text and self.n_top is None:
+            return None
+        self.sent += token.text
+        logprobs = None if self.n_top is None else self._logprobs([token.id], [token.logprobs])
+        return self._chunk(s.ChatDelta(content=token.text), logprobs=logprobs)
+
+    def last(self, result: Result) -> list[bytes]:
+        tail = result.text[len(self.sent):]
+        chunks = [self._chunk(s.ChatDelta(content=tail or None), FINISH[result.stop])]
+        if self.include_usage:
+            chunks.append(sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
+                                                    choices=[], usage=self.usage(result))))
+        return chunks
+
+    def whole(self, result: Result) -> s.ChatCompletion:
+        logprobs = None if self.n_top is None else self._logprobs(result.tokens, result.logprobs)
+        choice = s.ChatChoice(message=s.AssistantMessage(content=result.text), finish_reason=FINISH[result.stop],
+                              logprobs=logprobs)
+        return s.ChatCompletion(id=self.rid, created=self.created, model=self.model, choices=[choice],
+                                usage=self.usage(result))
+
+
+class CompletionRenderer(_Renderer):
+    def _body(self, text: str, finish: str | None, logprobs=None, usage=None) -> s.Completion:
+        choice = s.CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)
+        return s.Completion(id=self.rid, created=self.created, model=self.model, choices=[choice], usage=usage)
+
+    def _logprobs(self, ids: list[int], tops: list, offset: int) -> s.CompletionLogprobs:
+        lp = s.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+        for token_id, top in zip(ids, tops):
+            own, shown = self._top(token_id, top)
+            text = self._piece(token_id)[0]
+            lp.tokens.append(text)
+            lp.token_logprobs.append(own)
+            lp.top_logprobs.append({t: p for t, _, p in shown})
+            lp.text_offset.append(offset)
+            offset += len(text)
+        return lp
+
+    def first(self) -> list[bytes]:
+        return []
+
+    def token(self, token: Token) -> bytes | None:
+        if not token.text and self.n_top is None:
+            return None
+        logprobs = None if self.n_top is None else self._logprobs([token.id], [token.logprobs], len(self.sent))
+        self.sent += token.text
+        return sse(self._body(token.text, None, logprobs))
+
+    def last(self, result: Result) -> list[bytes]:
+        chunks = [sse(self._body(result.text[len(self.sent):], FINISH[result.stop]))]
+        if self.include_usage:
+            chunks.append(sse(s.Completion(id=self.rid, created=self.created, model=self.model, choices=[],
+                                           usage=self.usage(result))))
+        return chunks
+
+    def whole(self, result: Result) -> s.Completion:
+        logprobs = None if self.n_top is None else self._logprobs(result.tokens, result.logprobs, 0)
+        return self._body(result.text, FINISH[result.stop], logprobs, self.usage(result))

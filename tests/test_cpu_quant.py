@@ -1,0 +1,90 @@
+"""The CPU's quantized matmul: kernels against gguf.quants.dequantize and a float64 product, and
+whole models run from their blocks against the float32 path (the reference)."""
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
+
+from bench.synthetic_gguf import random_rows
+from llogos_cli.backends import cpu_quant
+from llogos_cli.backends.cpu_quant_dequant import TYPES
+from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.engine.perplexity import perplexity
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.forward import Model
+from llogos_cli.model.loader import open_model
+from tests.conftest import FIXTURES, REFERENCE, model_path, need, reference, relative_error
+
+# Token counts that take the integer matvec kernels (1, MATVEC_MAX_TOKENS) and the expanded tiles.
+TOKENS = (1, cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.MATVEC_MAX_TOKENS + 3)
+
+
+def _cols(qtype: T) -> int:
+    """Row lengths off every power of two: three blocks (5 blocks of 32 for the plain types), or
+    37 elements for the float types, which have no blocks."""
+    block = GGML_QUANT_SIZES[qtype][0]
+    return 37 if block == 1 else block * (3 if block == 256 else 5)
+
+
+@pytest.mark.parametrize("n_tok", TOKENS)
+@pytest.mark.parametrize("qtype", sorted(TYPES, key=int), ids=lambda t: t.name)
+def test_product_matches_dequantize_and_float64(qtype, n_tok, monkeypatch):
+    monkeypatch.setattr(cpu_quant, "TILE_ELEMENTS", 7 * _cols(qtype))   # several tiles, the last one short
+    rng = np.random.default_rng(int(qtype) * 10 + n_tok)
+    rows, cols = 37, _cols(qtype)    # rows: more than one kernel chunk (16), not a multiple of it
+    raw = random_rows(qtype, rows, cols, rng)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    expected = x.astype(np.float64) @ gguf_quants.dequantize(raw, qtype).astype(np.float64).T
+    ours = cpu_quant.QuantMatmul()(x, raw, qtype)
+    assert ours.shape == (n_tok, rows) and ours.dtype == np.float32
+    assert relative_error(ours, expected) < 1e-5
+
+
+# ------------------------------------------------------------------ whole models
+
+def _both(path) -> tuple[Model, Model]:
+    f = GGUFFile(path)
+    return Model(f, NumpyBackend("f32")), Model(f, NumpyBackend("quantized"))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-gemma3"])
+def test_q8_0_fixtures_quantized_match_f32_path(name):
+    f32, quantized = _both(need(FIXTURES / f"{name}-q8_0.gguf"))
+    ids = np.load(need(FIXTURES / f"{name}-q8_0.oracle.npz"))["ids"].astype(np.int32)
+    prefill = [m.forward_seq(m.new_context(64), ids, all_logits=True) for m in (f32, quantized)]
+    assert relative_error(prefill[1], prefill[0]) < 1e-3
+    ctx = [m.new_context(64) for m in (f32, quantized)]
+    decode = [np.stack([m.forward_seq(c, ids[i:i + 1])[0] for i in range(len(ids))])
+              for m, c in zip((f32, quantized), ctx)]
+    assert relative_error(decode[1], decode[0]) < 1e-3
+
+
+@pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
+def real(request):
+    name = request.param
+    return name, *_both(model_path(name)), open_model(name).tokenizer, reference(name)
+
+
+def test_real_models_quantized_match_f32_path(real):
+    name, f32, quantized, _, ref = real
+    for case in ref["generation"][:2]:
+        ids = np.asarray(case["prompt_ids"] + case["llamacpp"]["generated_ids"], np.int32)
+        a = f32.forward_seq(f32.new_context(256), ids, all_logits=True)
+        b = quantized.forward_seq(quantized.new_context(256), ids, all_logits=True)
+        assert relative_error(b, a) < 1e-3, (name, case["id"])
+        top2 = np.sort(a, axis=-1)[:, -2:]
+        decisive = top2[:, 1] - top2[:, 0] >= 0.5
+        assert (a.argmax(-1) == b.argmax(-1))[decisive].all(), (name, case["id"])
+        ctx = quantized.new_context(256)   # the decode kernels, one token at a time
+        quantized.forward_seq(ctx, ids[:-3])
+        steps = np.stack([quantized.forward_seq(ctx, ids[i:i + 1])[0] for i in range(len(ids) - 3, len(ids))])
+        assert relative_error(steps, a[-3:]) < 1e-3, (name, case["id"])
+
+
+def test_real_models_perplexity_within_half_a_percent(real):
+    name, f32, quantized, tok, _ = real
+    text = need(REFERENCE / "ppl.txt").read_text(encoding="utf-8")
+    ppl = [perplexity(m, tok, text, 128, max_chunks=3).ppl for m in (f32, quantized)]
+    assert abs(ppl[1] / ppl[0] - 1) < 0.005, (name, ppl)

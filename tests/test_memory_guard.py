@@ -1,0 +1,92 @@
+"""Models that do not fit are refused before loading, with one line; auto holds weights as fits."""
+
+import subprocess
+import sys
+
+import pytest
+
+from llogos_cli.errors import LlogosError
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model import forward, loader, memory
+from llogos_cli.model.config import ModelConfig
+from tests.conftest import FIXTURES, need
+
+TINY = FIXTURES / "tiny-llama-q8_0.gguf"
+MiB = 1 << 20
+
+
+@pytest.fixture
+def tiny():
+    f = GGUFFile(need(TINY))
+    return f, ModelConfig.from_gguf(f)
+
+
+def test_kv_cache_estimate_is_what_the_cpu_allocates(tiny):
+    f, cfg = tiny
+    model = loader.load(str(TINY), "cpu", "f32").model
+    for type_k, type_v in (("f32", "f32"), ("f16", "f32")):
+        ctx = model.new_context(96, type_k, type_v)
+        allocated = sum(a.nbytes for kv in ctx.cache.kv if kv is not None for a in (kv.k, kv.v))
+        slots = ctx.cache.n_slots + 1   # the cache's padding slot comes on top of the one sequence
+        assert memory.need(f, cfg, "quantized", 96, type_k, type_v).kv_cache * slots == allocated
+
+
+def test_estimate_grows_with_slots_and_float32_weights(tiny):
+    f, cfg = tiny
+    one = memory.need(f, cfg, "quantized", 512, "f32", "f32")
+    assert memory.need(f, cfg, "quantized", 512, "f32", "f32", n_slots=16).kv_cache == 16 * one.kv_cache
+    f32 = memory.need(f, cfg, "f32", 512, "f32", "f32")
+    # matrices in products take 4 bytes a weight instead of q8_0's 34 per 32; token_embd, only looked up, stays
+    expanded = [t for name, t in f.tensors.items() if len(t.shape) == 2 and name != "token_embd.weight"]
+    assert f32.weights - one.weights == sum(4 * t.shape[0] * t.shape[1] - t.nbytes for t in expanded)
+
+
+def test_model_that_does_not_fit_is_refused_before_loading(tiny, monkeypatch):
+    f, cfg = tiny
+    quantized = memory.need(f, cfg, "quantized", 256, "f32", "f32").total
+    monkeypatch.setattr(memory, "host_available", lambda: quantized - 1)
+    monkeypatch.setattr(forward.Model, "__init__", lambda *a: pytest.fail("weights were read"))
+    with pytest.raises(LlogosError) as e:
+        loader.load(str(TINY), "cpu", "quantized", n_ctx=256)
+    message = str(e.value)
+    assert "\n" not in message
+    assert f"{quantized / memory.GiB:.1f} GiB" in message and "available" in message and "-c" in message
+
+
+def test_f32_that_does_not_fit_suggests_quantized_and_auto_takes_it(tiny, monkeypatch):
+    f, cfg = tiny
+    f32 = memory.need(f, cfg, "f32", 256, "f32", "f32").total
+    monkeypatch.setattr(memory, "host_available", lambda: f32 - 1)
+    with pytest.raises(LlogosError, match="--cpu-weights quantized"):
+        loader.load(str(TINY), "cpu", "f32", n_ctx=256)
+    loaded = loader.load(str(TINY), "cpu", "auto", n_ctx=256)
+    assert loaded.model.b.weights == "quantized" and "quantized" in loaded.memory
+
+
+def test_auto_expands_a_small_model_with_room_and_not_a_large_one(tiny, monkeypatch):
+    f, cfg = tiny
+    monkeypatch.setattr(memory, "host_available", lambda: 64 << 30)
+    assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32")[0] == "f32"
+    monkeypatch.setattr(memory, "F32_MAX_WEIGHTS", 1000)
+    assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32")[0] == "quantized"
+    assert memory.choose_cpu_weights(f, cfg, "f32", 256, "f32", "f32")[0] == "f32"
+
+
+def test_host_available_is_a_plausible_number():
+    assert 16 * MiB < memory.host_available() < 1 << 50
+
+
+def test_cli_refuses_an_absurd_context_in_one_line():
+    def generate(*extra):
+        return subprocess.run([sys.executable, "-m", "llogos_cli", "generate", "-m", str(need(TINY)), "-p", "hi",
+                               "-n", "1", "--backend", "cpu", "-c", "2000000000", *extra],
+                              capture_output=True, text=True, timeout=60)
+
+    r = generate("--allow-long-ctx")
+    assert r.returncode == 1 and r.stdout == ""
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr
+    assert "needs" in errors[0] and "available" in errors[0] and "smaller -c" in errors[0]
+    r = generate()   # without the override, -c stops at the trained context, which fits
+    assert r.returncode == 0, r.stderr
+    assert "-c 2000000000 capped at the 256 tokens" in r.stderr

@@ -1,0 +1,286 @@
+"""`llogos serve` through real server processes on free loopback ports: the openai client, raw SSE
+framing, many concurrent streams, disconnects, the API key, the queue limit, bad requests, SIGTERM."""
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import FIXTURES, need
+from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+TINY = FIXTURES / "tiny-llama-f32.gguf"
+# Raises for a "forbidden" role, so that a template failure can be provoked on purpose.
+STRICT_TEMPLATE = ("{% for m in messages %}{% if m.role == 'forbidden' %}{{ raise_exception('no such role') }}"
+                   "{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class Server:
+    def __init__(self, env, log, *args):
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "llogos_cli", "serve", "--port", "0", "--backend", "cpu",
+                                      *args], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"listening on (http://\S+) ", log.read_text())):
+            assert self.proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        self.url = m.group(1)
+        self.banner = log.read_text()
+
+    def client(self, key="none", **kw):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, **kw)
+
+    def post(self, path, body, **kw) -> httpx.Response:
+        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        return httpx.post(self.url + path, content=data, timeout=60, **kw)
+
+    def metrics(self, **kw) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=10, **kw).text
+        return {k: float(v) for k, v in re.findall(r"^(llogos_\S+) (\S+)$", text, re.M)}
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def smol(env, tmp_path_factory):
+    server = Server(env, tmp_path_factory.mktemp("smol") / "log", "-m", "smollm2-135m", "-np", "8", "-c", "512")
+    yield server
+    server.stop()
+    assert server.proc.returncode == 0, server.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def tiny(env, tmp_path_factory):
+    """One slot, one place in the queue, an API key, a template that can fail, and a long context."""
+    need(TINY)
+    folder = tmp_path_factory.mktemp("tiny")
+    (folder / "template.jinja").write_text(STRICT_TEMPLATE)
+    server = Server(dict(env, LLOGOS_API_KEY="sesame"), folder / "log", "-m", str(TINY), "-np", "1",
+                    "--queue-size", "1", "-c", "4096", "--allow-long-ctx", "--chat-template-file", str(folder / "template.jinja"))
+    yield server
+    server.stop()
+
+
+KEY = {"Authorization": "Bearer sesame"}
+
+
+def sse_events(text: str) -> list[str]:
+    """The data of each event, checking the framing: `data: ...` lines, each event ended by a blank line."""
+    assert text.endswith("\n\n")
+    events = text[:-2].split("\n\n")
+    assert all(e.startswith("data: ") and "\n" not in e for e in events), text
+    return [e[len("data: "):] for e in events]
+
+
+# ------------------------------------------------------------------------------------------ smollm
+
+def test_banner_names_address_model_and_backend(smol):
+    assert re.search(r"listening on http://127\.0\.0\.1:\d+ \(smollm2-135m on cpu, 8 slots of 512 tokens\)",
+                     smol.banner)
+    assert httpx.get(smol.url + "/health").json() == {"status": "ok"}
+    assert smol.client().models.list().data[0].id == "smollm2-135m"
+
+
+def test_openai_client_chat_and_completions(smol):
+    client = smol.client()
+    chat = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Say hi."}],
+                                          max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    choice = chat.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert len(choice.logprobs.content) == chat.usage.completion_tokens - (choice.finish_reason == "stop")
+    first = choice.logprobs.content[0]
+    assert first.logprob == first.top_logprobs[0].logprob and len(first.top_logprobs) == 2   # greedy: the top one
+    assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+
+    streamed = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Say hi."}],
+                                              max_tokens=5, temperature=0, stream=True,
+                                              stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+    assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens and not chunks[-1].choices
+
+    done = client.completions.create(model="x", prompt="The capital of France is", max_tokens=6, temperature=0)
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 6
+    parts = list(client.completions.create(model="x", prompt="The capital of France is", max_tokens=6,
+                                           temperature=0, stream=True))
+    assert "".join(p.choices[0].text for p in parts) == done.choices[0].text
+    by_ids = client.completions.create(model="x", prompt=[504, 3575, 282], max_tokens=3, temperature=0)
+    assert by_ids.usage.prompt_tokens == 3
+
+
+def test_raw_sse_framing_and_stop_strings(smol):
+    with httpx.stream("POST", smol.url + "/v1/completions", timeout=60, content=json.dumps(
+            {"prompt": "1, 2, 3, 4,", "n_predict": 12, "temperature": 0, "stop": ["7"], "stream": True,
+             "stream_options": {"include_usage": True}})) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.read().decode())
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text.startswith(" 5, 6,") and "7" not in text
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] >= 5
+
+
+def test_32_concurrent_streams_equal_generate_and_seeds_ignore_batch_mates(env, smol):
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"]
+    seeded = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 42}
+
+    async def stream(client, body):
+        async with client.stream("POST", smol.url + "/v1/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            events = sse_events((await r.aread()).decode())
+        assert events[-1] == "[DONE]"
+        return "".join(c["choices"][0]["text"] for c in map(json.loads, events[:-1]))
+
+    async def everyone():
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as client:
+            bodies = [{"prompt": prompts[i % 4], "max_tokens": 6, "temperature": 0} for i in range(31)] + [seeded]
+            return await asyncio.gather(*(stream(client, b) for b in bodies))
+
+    texts = asyncio.run(everyone())
+    for i, text in enumerate(texts[:31]):
+        assert text, i
+    for p in prompts:
+        alone = llogos(env, "generate", "-m", "smollm2-135m", "--temp", "0", "-n", "6", "-p", p).stdout
+        assert {t for i, t in enumerate(texts[:31]) if i % 4 == prompts.index(p)} == {alone}
+    again = smol.post("/v1/completions", seeded).json()["choices"][0]["text"]
+    assert again == texts[31]
+    m = smol.metrics()
+    assert m['llogos_requests_total{outcome="ok"}'] >= 32 and m["llogos_generated_tokens_total"] >= 32 * 5
+
+
+def test_disconnect_mid_stream_frees_the_slot(smol):
+    before = smol.metrics()['llogos_requests_total{outcome="cancelled"}']
+    with httpx.stream("POST", smol.url + "/v1/completions", timeout=60, content=json.dumps(
+            {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True})) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert smol.metrics()["llogos_slots_busy"] == 1
+    deadline = time.monotonic() + 5
+    while (m := smol.metrics())["llogos_slots_busy"] != 0:
+        assert time.monotonic() < deadline, "the slot was not freed"
+        time.sleep(0.05)
+    assert m['llogos_requests_total{outcome="cancelled"}'] == before + 1
+    r = smol.post("/v1/completions", {"prompt": "Hello", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"{not json", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    ({"messages": [{"role": "user", "content": "hi"}], "colour": "red"}, "unknown field 'colour'"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": True}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 3}, "top_p"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user"}]}, "content"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 600}, "does not fit"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n_predict": 4}, "not both"),
+    ({"messages": [{"role": "user", "content": "word " * 600}]}, "more than the context"),
+])
+def test_bad_chat_requests_get_openai_errors(smol, body, fragment):
+    r = smol.post("/v1/chat/completions", body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert fragment in error["message"] and error["type"] == "invalid_request_error" and "code" in error
+
+
+def test_huge_bodies_and_unknown_routes_are_refused_and_the_server_keeps_serving(smol):
+    r = smol.post("/v1/completions", b'{"prompt": "' + b"a" * (9 * 2 ** 20) + b'"}')
+    assert r.status_code == 413 and "larger than" in r.json()["error"]["message"]
+    assert smol.post("/v1/nowhere", {}).status_code == 404
+    assert smol.post("/v1/completions", {"prompt": [10 ** 9]}).status_code == 400
+    assert smol.post("/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status_code == 200
+
+
+# -------------------------------------------------------------------------------------------- tiny
+
+def test_api_key_is_needed_everywhere_but_health(tiny):
+    assert httpx.get(tiny.url + "/health").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+        r = httpx.get(tiny.url + "/v1/models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(tiny.url + "/metrics", headers=headers).status_code == 401
+        assert tiny.post("/v1/completions", {"prompt": "hi"}, headers=headers).status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        tiny.client("wrong").models.list()
+    reply = tiny.client("sesame").completions.create(model="tiny", prompt="a b c", max_tokens=3, temperature=0)
+    assert reply.usage.completion_tokens == 3
+
+
+def test_template_failure_is_a_400(tiny):
+    r = tiny.post("/v1/chat/completions", {"messages": [{"role": "forbidden", "content": "x"}]}, headers=KEY)
+    assert r.status_code == 400 and "no such role" in r.json()["error"]["message"]
+    r = tiny.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+                  headers=KEY)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_full_queue_answers_503_with_retry_after(tiny):
+    long = {"prompt": "a b c", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=60, headers=KEY) as client:
+            async with client.stream("POST", tiny.url + "/v1/completions", json=long) as running:
+                assert running.status_code == 200
+                waiting = asyncio.ensure_future(client.post(tiny.url + "/v1/completions",
+                                                            json={"prompt": "x", "max_tokens": 2}))
+                deadline = time.monotonic() + 10
+                while tiny.metrics(headers=KEY)["llogos_queue_length"] != 1:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+                refused = await client.post(tiny.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            return refused, await waiting
+
+    refused, waited = asyncio.run(scenario())
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "queue_full"
+    assert waited.status_code == 200 and waited.json()["usage"]["completion_tokens"] == 2
+
+
+def test_sigterm_during_a_stream_exits_0(env, tmp_path):
+    need(TINY)
+    server = Server(env, tmp_path / "log", "-m", str(TINY), "-c", "16384", "--allow-long-ctx")
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=30, content=json.dumps(
+            {"prompt": "a b c", "max_tokens": 16000, "ignore_eos": True, "stream": True})) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        rest = list(lines)
+        assert server.proc.wait(15) == 0, server.log.read_text()
+    assert time.monotonic() - t0 < 8
+    # Ended within the grace of a few seconds (16000 tokens take longer) with an error event, not a cut.
+    last = [line for line in rest if line][-1]
+    assert "shutting down" in json.loads(last.removeprefix("data: "))["error"]["message"]
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_health_is_503_while_loading():
+    from fastapi.testclient import TestClient
+
+    from llogos_cli.server.app import Hub, create_app
+    from llogos_cli.server.metrics import Metrics
+
+    hub = Hub("m", None, Metrics(1), start=lambda loop: None, stop=lambda: None)
+    with TestClient(create_app(hub)) as client:
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
+        r = client.post("/v1/completions", content=json.dumps({"prompt": "hi"}))
+        assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
