@@ -25,6 +25,7 @@ parallel_kernel = numba.njit(cache=True, fastmath=True, nogil=True, parallel=Tru
 # compiled functions in place, and a call per 32 weights costs more than the weights.
 helper = numba.njit(cache=True, fastmath=True, inline="always")
 prange = numba.prange
+set_parallel_chunksize = numba.set_parallel_chunksize
 
 # float16 bit pattern -> float32, for the per-block scales (a global array is frozen into the code).
 F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)

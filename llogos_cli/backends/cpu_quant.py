@@ -10,11 +10,11 @@ Two shapes of product, chosen by the number of tokens (measured crossover, see d
 F16 and BF16 matrices always take the tile path.
 """
 
-import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llogos_cli.backends import cpu_quant_dequant, cpu_quant_dot
+from llogos_cli.backends.cpu_jit import set_parallel_chunksize
 from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 4
@@ -40,11 +40,11 @@ class QuantMatmul:
         out = np.empty((x.shape[0], raw.shape[0]), np.float32)
         # Chunks of rows handed out as threads come free: on a shared machine a thread that loses its
         # core for a time slice then holds up one chunk, not its whole share of the rows.
-        chunksize = numba.set_parallel_chunksize(1)
+        chunksize = set_parallel_chunksize(1)
         try:
             cpu_quant_dot.matvec(raw, int(qtype), x, out)
         finally:
-            numba.set_parallel_chunksize(chunksize)
+            set_parallel_chunksize(chunksize)
         return out
 
     def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:

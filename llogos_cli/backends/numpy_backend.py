@@ -22,6 +22,10 @@ WEIGHTS = ("f32", "quantized")
 # Quantized mode expands matrices with rows shorter than this (a conv kernel (C, 4), which ssm_conv
 # reads as .dense): no block type has such rows, and they are too small to matter.
 _MIN_QUANT_ROW = 32
+# Products of this many rows (batched decode) run as W·xᵀ: OpenBLAS takes the row-major weights
+# as the left operand 10-30% faster than x·Wᵀ at 2-64 rows (one row is a GEMV either way; at
+# prefill sizes x·Wᵀ is as fast and keeps the result C-ordered for what follows). docs/PERF.md.
+_FEW_ROWS = 64
 
 
 @dataclass(slots=True)
@@ -87,6 +91,8 @@ class NumpyBackend(AttentionOps, RecurrentOps):
 
     def matmul(self, x: np.ndarray, w: Matrix) -> np.ndarray:
         if w.dense is not None:
+            if 1 < x.shape[0] <= _FEW_ROWS:
+                return (w.dense @ x.T).T
             return x @ w.dense.T
         return self._quant(x, w.raw, w.qtype)
 
