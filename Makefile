@@ -11,7 +11,7 @@ PROMPT ?= The capital of France is
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,server]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,server,ray]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -1,36 +1,23 @@
 """`llogos batch`: every prompt of a file through one running batch of -np slots."""
 
 import sys
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import click
-import numpy as np
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from llogos_cli.cli.batch_input import Defaults, LineError, read_items
-from llogos_cli.cli.batch_output import Writer, done_ids
+from llogos_cli.cli.batch_input import Done, LineError, read_items
+from llogos_cli.cli.batch_output import Writer, file_done
+from llogos_cli.cli.batch_progress import Tally
+from llogos_cli.cli.batch_ray import CPUS_PER_WORKER, run_on_ray
+from llogos_cli.cli.batch_setup import draw_seed, set_up
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import (
-    cache_types,
-    chat_format_or_none,
-    model_options,
-    sampling_options,
-    sampling_params,
-    template_options,
-)
+from llogos_cli.cli.options import model_options, sampling_options, template_options
 from llogos_cli.console import err
 from llogos_cli.engine.batch import BatchEngine, Request
-from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
-from llogos_cli.model.loader import load, open_model
 
 _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 
@@ -40,8 +27,8 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 @click.option("-i", "--input", "input_path", type=_PATH,
               help="JSON lines ({\"id\", \"prompt\" or \"messages\", overrides}) or plain text, one prompt a line; "
                    "'-' or a pipe reads stdin.")
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write results here as JSON lines. [default: stdout]")
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Write results here as JSON lines (with --ray: a directory of them). [default: stdout]")
 @click.option("-np", "--parallel", type=click.IntRange(min=1, max=256), default=8, show_default=True,
               help="Slots: prompts in flight at once.")
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True,
@@ -56,73 +43,68 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 @click.option("--ordered", is_flag=True, help="Write results in input order (default: as each finishes).")
 @click.option("--resume", is_flag=True, help="Skip the ids already in the output file and append the rest.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+@click.option("--ray", metavar="ADDRESS", help="Run across a Ray cluster, -o then naming a directory: auto (the "
+              "cluster this machine is in), HOST:PORT, ray://HOST:10001, or local (start Ray here). "
+              "Needs llogos[ray].")
+@click.option("--workers", type=click.IntRange(min=1), help="Ray workers, each with one model and -np slots. "
+              "[default: one per GPU, else one per --cpus-per-worker CPUs]")
+@click.option("--cpus-per-worker", type=click.IntRange(min=1),
+              help=f"CPUs each Ray worker takes on nodes without GPUs. [default: {CPUS_PER_WORKER}]")
 def batch(**o):
     """Run many prompts with up to -np at once; one JSON result per prompt."""
+    if o["ray"] is None and (o["workers"] or o["cpus_per_worker"]):
+        raise LlogosError("--workers and --cpus-per-worker size a Ray run: add --ray")
+    failed = _across_ray(o) if o["ray"] is not None else _here(o)
+    if failed:
+        raise LlogosError(f"{failed} prompt{'s' if failed > 1 else ''} failed (see the \"error\" lines of the output)")
+
+
+def _here(o: dict) -> int:
     out_path = o["output"]
     if o["resume"] and out_path is None:
         raise LlogosError("--resume continues an output file: give it with -o")
+    if out_path is not None and out_path.is_dir():
+        raise LlogosError(f"{out_path} is a directory: give -o a file (a directory of results is for --ray)")
     if out_path is not None and out_path.exists() and out_path.stat().st_size and not (o["resume"] or o["overwrite"]):
         raise LlogosError(f"{out_path} already holds results: add --resume to continue it or --overwrite to replace it")
     source = _input(o["input_path"])
-    mf = open_model(o["model_name"])
-    tok = mf.tokenizer
-    params = sampling_params(o, mf.sampling_defaults)
-    chat = chat_format_or_none(o, mf.file.meta, mf.entry, tok)
-    defaults = Defaults(params, StopCriteria(o["n_predict"], tuple(o["stop"]), o["ignore_eos"]), o["logprobs"],
-                        params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2 ** 32))
-    skip = done_ids(out_path) if o["resume"] else set()
+    done = file_done(out_path) if o["resume"] else Done()
     total = _count_lines(source) if isinstance(source, Path) else None
-    n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
-    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"])
-    engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"])
-    err.print(f"[dim]{o['parallel']} slots of {n_ctx} tokens on {m.model.b.name}"
-              f"{f'; resuming after {len(skip)} results' if skip else ''}[/dim]")
-    writer = Writer(out_path, o["resume"], o["ordered"])
-    lines = open(source, encoding="utf-8", errors="replace") if isinstance(source, Path) else sys.stdin
-    try:
-        failed = _run(engine, read_items(lines, tok, chat, defaults, skip), writer,
-                      None if total is None else max(total - len(skip), 0))
-    finally:
-        writer.close()
-        if lines is not sys.stdin:
-            lines.close()
-    if failed:
-        raise LlogosError(f"{failed} prompt{'s' if failed > 1 else ''} failed (see the \"error\" lines of the output)")
+    s = set_up(o, draw_seed())
+    err.print(f"[dim]{s.description}{f'; resuming after {len(done)} results' if done else ''}[/dim]")
+    with _lines(source) as lines:
+        writer = Writer(out_path, o["resume"], o["ordered"])
+        try:
+            return _run(s.engine, read_items(lines, s.tokenizer, s.chat, s.defaults, done), writer,
+                        None if total is None else max(total - len(done), 0))
+        finally:
+            writer.close()
+
+
+def _across_ray(o: dict) -> int:
+    with _lines(_input(o["input_path"])) as lines:
+        return run_on_ray(o, lines, draw_seed())
 
 
 def _run(engine: BatchEngine, items, writer: Writer, total: int | None) -> int:
     """Feed the engine, write every result and error; the number of failures."""
     number: dict[str, int] = {}   # in-flight request id -> its place in the input
-    counter = {"items": 0, "failed": 0, "tokens": 0}
 
     def requests():
-        for item in items:
-            place = counter["items"]
-            counter["items"] += 1
+        for place, item in enumerate(items):
             if isinstance(item, LineError):
-                counter["failed"] += 1
                 writer.write(place, item.as_dict())
-                progress.advance(task)
+                tally.add(failed=True)
                 continue
             number[_key(item)] = place
             yield item
 
-    t0 = time.perf_counter()
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=err, transient=False, disable=not err.is_terminal) as progress:
-        task = progress.add_task("batch", total=total, rate="")
+    with Tally(total) as tally:
         for result in engine.generate(requests()):
-            if result.error is not None:
-                counter["failed"] += 1
-            counter["tokens"] += len(result.tokens)
             writer.write(number.pop(_key(result)), result.as_dict())
-            rate = counter["tokens"] / max(time.perf_counter() - t0, 1e-9)
-            progress.update(task, advance=1, rate=f"{rate:7.1f} tok/s")
-    elapsed = time.perf_counter() - t0
-    err.print(f"[dim]{counter['items']} prompts ({counter['failed']} failed), {counter['tokens']} tokens generated "
-              f"in {elapsed:.1f} s: {counter['tokens'] / max(elapsed, 1e-9):.1f} tok/s[/dim]")
-    return counter["failed"]
+            tally.add(len(result.tokens), result.error is not None)
+    tally.summary()
+    return tally.failed
 
 
 def _key(item: Request) -> str:
@@ -138,6 +120,16 @@ def _input(path: Path | None) -> Path | None:
     if path is None and sys.stdin.isatty():
         raise LlogosError("no input: give -i FILE, or pipe prompts on stdin")
     return None
+
+
+@contextmanager
+def _lines(source: Path | None) -> Iterator[TextIO]:
+    """The input's lines: the file, or stdin."""
+    if source is None:
+        yield sys.stdin
+        return
+    with open(source, encoding="utf-8", errors="replace") as f:
+        yield f
 
 
 def _count_lines(path: Path) -> int:

@@ -32,6 +32,17 @@ class Defaults:
 
 
 @dataclass(frozen=True, slots=True)
+class Done:
+    """What earlier runs wrote, for --resume: the ids (JSON-spelled) with results, and the numbers
+    of the lines reported as errors (an error's id may be a line number, or the id of another line)."""
+    ids: frozenset[str] = frozenset()
+    lines: frozenset[int] = frozenset()
+
+    def __len__(self) -> int:
+        return len(self.ids) + len(self.lines)
+
+
+@dataclass(frozen=True, slots=True)
 class LineError:
     id: object
     line: int
@@ -41,10 +52,26 @@ class LineError:
         return {"id": self.id, "line": self.line, "error": self.error}
 
 
+@dataclass(frozen=True, slots=True)
+class Line:
+    """An input line that parsed: its id, its line number and its fields, not yet a request."""
+    id: object
+    number: int
+    fields: dict
+
+
 def read_items(lines: Iterable[str], tokenizer, chat: ChatFormat | None, defaults: Defaults,
-               skip: set[str]) -> Iterator[Request | LineError]:
-    """Requests (or LineErrors) in input order; ids whose JSON spelling is in `skip` (already
-    done, for --resume) are passed over."""
+               done: Done = Done()) -> Iterator[Request | LineError]:
+    """Requests (or LineErrors) in input order; what is `done` already (for --resume) is passed over."""
+    for item in read_lines(lines, done):
+        yield item if isinstance(item, LineError) else to_request(item, tokenizer, chat, defaults)
+
+
+def read_lines(lines: Iterable[str], done: Done = Done()) -> Iterator[Line | LineError]:
+    """The first half of read_items, which needs no model: each line parsed and given its id, what
+    is done passed over and repeated ids reported. Whether the input is JSON is decided by
+    its first non-blank line, and duplicates by all lines before, so this runs over the whole input
+    in one place; to_request, the second half, can then run anywhere."""
     seen: set[str] = set()
     is_json = None
     for number, line in enumerate(lines, 1):
@@ -52,6 +79,8 @@ def read_items(lines: Iterable[str], tokenizer, chat: ChatFormat | None, default
             continue
         if is_json is None:
             is_json = line.lstrip().startswith("{")
+        if number in done.lines:
+            continue
         try:
             fields = _parse_json(line) if is_json else {"prompt": line.rstrip("\r\n")}
         except LlogosError as e:
@@ -59,16 +88,20 @@ def read_items(lines: Iterable[str], tokenizer, chat: ChatFormat | None, default
             continue
         rid = fields.get("id", number)
         key = json.dumps(rid, sort_keys=True)
-        if key in skip:
-            continue
         if key in seen:
             yield LineError(rid, number, f"duplicate id {key} (each line needs its own id)")
             continue
-        seen.add(key)
-        try:
-            yield _request(rid, fields, tokenizer, chat, defaults)
-        except LlogosError as e:
-            yield LineError(rid, number, str(e))
+        seen.add(key)   # done or not, so that a later line repeating it is still caught
+        if key not in done.ids:
+            yield Line(rid, number, fields)
+
+
+def to_request(line: Line, tokenizer, chat: ChatFormat | None, defaults: Defaults) -> Request | LineError:
+    """The line's request, or the LineError that says why it cannot be one."""
+    try:
+        return _request(line.id, line.fields, tokenizer, chat, defaults)
+    except LlogosError as e:
+        return LineError(line.id, line.number, str(e))
 
 
 def _parse_json(line: str) -> dict:

@@ -2,21 +2,26 @@
 
 Every line reaches the file in one write, so a run stopped by Ctrl-C or a kill leaves only
 complete lines (at worst a torn last line, if the kill lands inside a write, which --resume cuts
-off). --resume reads the ids already there and appends the rest; --ordered holds results back
-until every earlier input line has its own.
+off). --resume reads what is already there (the ids with results, the lines with errors) and
+appends the rest; --ordered holds results back until every earlier input line has its own.
+
+A run across a Ray cluster writes a directory instead, each run into a part-NNNNN.jsonl of its
+own, and --resume reads them all.
 """
 
+import itertools
 import json
 import os
 import sys
 from pathlib import Path
 
+from llogos_cli.cli.batch_input import Done
 from llogos_cli.errors import LlogosError
 
 
-def done_ids(path: Path) -> set[str]:
-    """The ids (JSON-spelled) of the complete lines of an output file; a torn last line is cut off
-    the file so appending continues on a fresh line."""
+def file_done(path: Path) -> Done:
+    """What the complete lines of an output file hold; a torn last line is cut off the file so
+    appending continues on a fresh line."""
     try:
         with open(path, "rb+") as f:
             data = f.read()
@@ -24,16 +29,39 @@ def done_ids(path: Path) -> set[str]:
             if end < len(data):
                 f.truncate(end)
     except FileNotFoundError:
-        return set()
+        return Done()
     except OSError as e:
         raise LlogosError(f"cannot read {path} to resume: {e.strerror}") from None
-    ids = set()
+    ids, lines = set(), set()
     for line in data[:end].splitlines():
         try:
-            ids.add(json.dumps(json.loads(line)["id"], sort_keys=True))
+            record = json.loads(line)
+            if "line" in record:   # an input line's error, whose id may be another line's
+                lines.add(int(record["line"]))
+            else:
+                ids.add(json.dumps(record["id"], sort_keys=True))
         except (ValueError, KeyError, TypeError):
             raise LlogosError(f"{path} has a line that is not a llogos batch result; not resuming into it") from None
-    return ids
+    return Done(frozenset(ids), frozenset(lines))
+
+
+def parts(folder: Path) -> list[Path]:
+    """The result files of an output directory, oldest first."""
+    return sorted(folder.glob("part-*.jsonl"))
+
+
+def folder_done(folder: Path) -> Done:
+    done = [file_done(p) for p in parts(folder)]
+    return Done(frozenset().union(*(d.ids for d in done)), frozenset().union(*(d.lines for d in done)))
+
+
+def new_part(folder: Path) -> Path:
+    """The next unused part file of an output directory (made if missing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LlogosError(f"cannot make the output directory {folder}: {e.strerror}") from None
+    return next(path for n in itertools.count() if not (path := folder / f"part-{n:05d}.jsonl").exists())
 
 
 class Writer:
