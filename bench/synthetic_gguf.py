@@ -1,10 +1,11 @@
-"""GGUF files of random weights in real model shapes, for benchmarks, and random GGUF rows for tests.
+"""GGUF files of random weights in real model shapes, for the CPU benchmarks, and random GGUF rows for tests.
 
     python bench/synthetic_gguf.py llama-1b|llama-8b [--out DIR]
 
-Writes DIR/<shape>-q4_k_m.gguf (DIR: ~/.cache/llogos/bench) with llama.cpp's Q4_K_M type choice:
-Q6_K for the output matrix and for attn_v and ffn_down of half the layers, Q4_K elsewhere. The
-weights are random bytes with sane float16 scales: what a benchmark needs, not a working model.
+Writes DIR/<shape>-q4_k_m.gguf (DIR: ~/.cache/llogos/bench) in the shapes and Q4_K_M type mix of
+bench/synthetic.py's specs (the CUDA benchmark's), streamed a tensor at a time so that the 8B
+shape needs no more memory than its largest tensor, with a random float16 scale per block and a
+BPE vocabulary llama.cpp accepts. Random weights: what a benchmark needs, not a working model.
 """
 
 import argparse
@@ -14,6 +15,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as T
 
+from bench.synthetic import SPECS, Spec
 from llogos_cli.paths import cache_dir
 
 # Byte offsets of the float16 scales in each type's block: random bytes there could be inf or NaN.
@@ -37,65 +39,48 @@ def random_rows(qtype: T, rows: int, cols: int, rng: np.random.Generator, scale:
     return raw.reshape(rows, -1)
 
 
-# Hyper-parameters of the real models (Llama-3.2-1B and Llama-3.1-8B), from their config.json.
-SHAPES = {
-    "llama-1b": dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, n_ff=8192, n_vocab=128256, tied=True),
-    "llama-8b": dict(n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256, tied=False),
-}
-
-
-def _q4_k_m_type(name: str, il: int, n_layer: int) -> T:
-    """llama.cpp's Q4_K_M mix: Q6_K for the output and, in a subset of layers, attn_v and ffn_down."""
-    if name == "output":
-        return T.Q6_K
-    if name in ("attn_v", "ffn_down"):
-        more_bits = il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
-        return T.Q6_K if more_bits else T.Q4_K
-    return T.Q4_K
-
-
-def _tensors(s: dict) -> list[tuple[str, int, int, T]]:
-    """(name, rows, cols, type) of every matrix, in file order."""
-    e, kv = s["n_embd"], s["n_head_kv"] * (s["n_embd"] // s["n_head"])
-    out = [("token_embd.weight", s["n_vocab"], e, T.Q6_K if s["tied"] else T.Q4_K)]
-    if not s["tied"]:
-        out.append(("output.weight", s["n_vocab"], e, T.Q6_K))
-    for il in range(s["n_layer"]):
+def _tensors(spec: Spec) -> list[tuple[str, int, int, T]]:
+    """(name, rows, cols, type) of every matrix, in file order; types by spec's Q4_K_M mix."""
+    e, kv = spec.n_embd, spec.n_kv * (spec.n_embd // spec.n_head)
+    out = [("token_embd.weight", spec.n_vocab, e, spec.qtype("token_embd", 0))]
+    if not spec.tied:
+        out.append(("output.weight", spec.n_vocab, e, spec.qtype("output", 0)))
+    for il in range(spec.n_layer):
         for name, rows, cols in (("attn_q", e, e), ("attn_k", kv, e), ("attn_v", kv, e), ("attn_output", e, e),
-                                 ("ffn_gate", s["n_ff"], e), ("ffn_up", s["n_ff"], e), ("ffn_down", e, s["n_ff"])):
-            out.append((f"blk.{il}.{name}.weight", rows, cols, _q4_k_m_type(name, il, s["n_layer"])))
+                                 ("ffn_gate", spec.n_ff, e), ("ffn_up", spec.n_ff, e), ("ffn_down", e, spec.n_ff)):
+            out.append((f"blk.{il}.{name}.weight", rows, cols, spec.qtype(name, il)))
     return out
 
 
 def write_model(shape: str, out: Path) -> Path:
     """The synthetic GGUF of `shape` in folder out, written once; tensors are streamed to the file
     one at a time, so an 8B model needs no more memory than its largest tensor."""
-    s = SHAPES[shape]
+    s = SPECS[shape]
     path = out / f"{shape}-q4_k_m.gguf"
     if path.exists():
         return path
-    e, hd = s["n_embd"], s["n_embd"] // s["n_head"]
+    e, hd = s.n_embd, s.n_embd // s.n_head
     tmp = path.with_suffix(".tmp")
     w = GGUFWriter(tmp, "llama")
     w.add_name(f"synthetic {shape} Q4_K_M")
     w.add_context_length(8192)
     w.add_embedding_length(e)
-    w.add_block_count(s["n_layer"])
-    w.add_feed_forward_length(s["n_ff"])
-    w.add_head_count(s["n_head"])
-    w.add_head_count_kv(s["n_head_kv"])
+    w.add_block_count(s.n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_kv)
     w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(500000.0)
+    w.add_rope_freq_base(s.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(15)   # MOSTLY_Q4_K_M
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
-    w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, s["n_vocab"])])
-    w.add_token_types([1] * s["n_vocab"])
+    w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, s.n_vocab)])
+    w.add_token_types([1] * s.n_vocab)
     w.add_token_merges(["a b"])   # llama.cpp refuses a BPE vocabulary without merges
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
-    norms = ["output_norm.weight"] + [f"blk.{il}.{n}.weight" for il in range(s["n_layer"])
+    norms = ["output_norm.weight"] + [f"blk.{il}.{n}.weight" for il in range(s.n_layer)
                                       for n in ("attn_norm", "ffn_norm")]
     matrices = _tensors(s)
     for name in norms:
@@ -118,7 +103,7 @@ def write_model(shape: str, out: Path) -> Path:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("shape", choices=[n for n in SPECS if SPECS[n].mix == "q4_k_m"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     print(write_model(args.shape, args.out or cache_dir("bench")))
