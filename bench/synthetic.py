@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 
-FORMAT_VERSION = 1  # bump to regenerate cached files
+FORMAT_VERSION = 2  # bump to regenerate cached files
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,9 @@ def write_model(spec: Spec, path: Path) -> Path:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(spec.n_vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"<t{i}>" for i in range(spec.n_vocab)])
+    w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, spec.n_vocab)])
     w.add_token_types([1] * spec.n_vocab)
+    w.add_token_merges(["a b"])   # llama.cpp refuses a BPE vocabulary without merges
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
 
