@@ -42,7 +42,8 @@ class QuantMatmul:
         # core for a time slice then holds up one chunk, not its whole share of the rows.
         chunksize = set_parallel_chunksize(1)
         try:
-            cpu_quant_dot.matvec(raw, int(qtype), x, out)
+            xs = x.reshape(x.shape[0], -1, 32).sum(axis=2, dtype=np.float32)
+            cpu_quant_dot.matvec(raw, int(qtype), x, xs, out)
         finally:
             set_parallel_chunksize(chunksize)
         return out

@@ -12,7 +12,7 @@ from llogos_cli.backends.cpu_jit import (
     F16,
     f16_at,
     helper,
-    k_scale_min,
+    k_scales_mins,
     kernel,
     u32_at,
 )
@@ -72,14 +72,13 @@ def _q5_1(row, out):  # d:f16, m:f16, qh:u32, qs:u8[16]
 
 
 @kernel
-def _q4_k(row, out):  # d:f16, dmin:f16, scales:u8[12], qs:u8[128] per 256
+def _q4_k(row, out, sc, mn):  # d:f16, dmin:f16, scales:u8[12], qs:u8[128] per 256
     for b in range(row.shape[0] // 144):
         o = 144 * b
         d, dmin = f16_at(row, o), f16_at(row, o + 2)
+        k_scales_mins(row, o + 4, sc, mn)
         for g in range(4):   # 32 bytes: low nibbles are sub-block 2g, high nibbles 2g+1
-            sc0, m0 = k_scale_min(row, o + 4, 2 * g)
-            sc1, m1 = k_scale_min(row, o + 4, 2 * g + 1)
-            a0, c0, a1, c1 = d * sc0, dmin * m0, d * sc1, dmin * m1
+            a0, c0, a1, c1 = d * sc[2 * g], dmin * mn[2 * g], d * sc[2 * g + 1], dmin * mn[2 * g + 1]
             q, e = o + 16 + 32 * g, 256 * b + 64 * g
             for l in range(32):
                 v = row[q + l]
@@ -88,14 +87,13 @@ def _q4_k(row, out):  # d:f16, dmin:f16, scales:u8[12], qs:u8[128] per 256
 
 
 @kernel
-def _q5_k(row, out):  # d:f16, dmin:f16, scales:u8[12], qh:u8[32], qs:u8[128] per 256
+def _q5_k(row, out, sc, mn):  # d:f16, dmin:f16, scales:u8[12], qh:u8[32], qs:u8[128] per 256
     for b in range(row.shape[0] // 176):
         o = 176 * b
         d, dmin = f16_at(row, o), f16_at(row, o + 2)
+        k_scales_mins(row, o + 4, sc, mn)
         for g in range(4):   # sub-block j takes bit j of qh[l] as its fifth bit
-            sc0, m0 = k_scale_min(row, o + 4, 2 * g)
-            sc1, m1 = k_scale_min(row, o + 4, 2 * g + 1)
-            a0, c0, a1, c1 = d * sc0, dmin * m0, d * sc1, dmin * m1
+            a0, c0, a1, c1 = d * sc[2 * g], dmin * mn[2 * g], d * sc[2 * g + 1], dmin * mn[2 * g + 1]
             q, h, e = o + 48 + 32 * g, o + 16, 256 * b + 64 * g
             for l in range(32):
                 v, bits = row[q + l], row[h + l] >> (2 * g)
@@ -108,17 +106,20 @@ def _q6_k(row, out):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 256
     for b in range(row.shape[0] // 210):
         o = 210 * b
         d = f16_at(row, o + 208)
-        for h in range(2):
-            for quarter in range(4):   # 32 elements: nibbles of ql, two bits of qh, weight = q - 32
-                ql = o + 64 * h + 32 * (quarter & 1)
-                qh, shift = o + 128 + 32 * h, 2 * quarter
-                high_nibble = 4 * (quarter >> 1)
-                e, sc = 256 * b + 128 * h + 32 * quarter, o + 192 + 8 * h + 2 * quarter
-                for half in range(2):
-                    a = d * np.float32(np.int8(row[sc + half]))
-                    for l in range(16 * half, 16 * half + 16):
-                        q = ((row[ql + l] >> high_nibble) & 15) | (((row[qh + l] >> shift) & 3) << 4)
-                        out[e + l] = a * np.float32(np.int16(np.uint8(q)) - 32)
+        for h in range(2):   # bytes i of the half's ql, ql + 32 and qh hold elements e + i + 32 * quarter
+            ql, qh, e = o + 64 * h, o + 128 + 32 * h, 256 * b + 128 * h
+            for half in range(2):   # one scale per 16 elements; q - 32 taken in int8
+                sc = o + 192 + 8 * h + half
+                s0 = d * np.float32(np.int8(row[sc]))
+                s1 = d * np.float32(np.int8(row[sc + 2]))
+                s2 = d * np.float32(np.int8(row[sc + 4]))
+                s3 = d * np.float32(np.int8(row[sc + 6]))
+                for l in range(16 * half, 16 * half + 16):
+                    a, c, bits = row[ql + l], row[ql + 32 + l], row[qh + l]
+                    out[e + l] = s0 * np.float32(np.int8((a & 15) | ((bits & 3) << 4)) - np.int8(32))
+                    out[e + 32 + l] = s1 * np.float32(np.int8((c & 15) | ((bits & 12) << 2)) - np.int8(32))
+                    out[e + 64 + l] = s2 * np.float32(np.int8((a >> 4) | (bits & 48)) - np.int8(32))
+                    out[e + 96 + l] = s3 * np.float32(np.int8((c >> 4) | ((bits & 192) >> 2)) - np.int8(32))
 
 
 @kernel
@@ -140,7 +141,7 @@ TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_
 
 
 @kernel
-def _row(row, code, out):
+def _row(row, code, out, sc, mn):
     if code == _Q8_0:
         _q8_0(row, out)
     elif code == _Q4_0:
@@ -152,9 +153,9 @@ def _row(row, code, out):
     elif code == _Q5_1:
         _q5_1(row, out)
     elif code == _Q4_K:
-        _q4_k(row, out)
+        _q4_k(row, out, sc, mn)
     elif code == _Q5_K:
-        _q5_k(row, out)
+        _q5_k(row, out, sc, mn)
     elif code == _Q6_K:
         _q6_k(row, out)
     elif code == _F16:
@@ -168,5 +169,6 @@ def dequantize_rows(raw, code, out):
     """out (rows, cols) float32 = the rows of raw (rows, bytes per row) of GGML type `code`.
     On one thread: BLAS, which takes the tile next, has the others, and numba's OpenMP threads
     spinning beside OpenBLAS's made a 128-token product 15x slower on two cores."""
+    sc, mn = np.empty(8, np.float32), np.empty(8, np.float32)   # a K block's scales and mins
     for r in range(raw.shape[0]):
-        _row(raw[r], code, out[r])
+        _row(raw[r], code, out[r], sc, mn)

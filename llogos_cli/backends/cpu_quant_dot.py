@@ -1,14 +1,18 @@
 """Dot products of GGUF block rows with float32 activations, reading the blocks in place.
 
-Each weight is decoded in registers (its quant, times its block's scale, minus its block's min)
-and multiplied into one of 32 or 64 float32 lanes, which are summed once per row: LLVM turns the
-lane loops into AVX-512/AVX2 converts and fused multiply-adds. Measured on Q4_K rows of 4096, one
-thread of the 2-core machine: 14 G weights/s, against 10 for int16 activations with integer
-multiply-adds (llama.cpp's way, with 8 bits), whose per-block sums cost more than the products,
-and the result is float32-exact where 16-bit activations were ~1e-5 off.
+Each weight is decoded in registers and multiplied with its activation. Two ways to sum, each
+type taking the one measured faster (docs/PERF.md, 2-core machine, rows of 2048):
+- 32 or 64 float32 lanes in a scratch array, summed once per row (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+  Q6_K): the weight times its block's scale is added into its lane;
+- a sum per sub-block (Q4_K, Q5_K), a reduction LLVM splits across SIMD registers, times the
+  sub-block's scale once; the mins multiply the activations' sums over each 32 (`xs`, once per
+  token) instead of every weight. Q4_K went from 13 to 15 G weights/s on two threads this way,
+  Q5_K from 7 to 11.
+Q6_K takes q - 32 in int8, which LLVM does 32 bytes at a time: 4.7 -> 7.9 G weights/s.
 
-numba widens integer arithmetic to int64; the np.uint8 casts on each decoded quant let LLVM keep
-the byte lanes narrow. Offsets: `o` a block's first byte, `e` its first element.
+numba widens integer arithmetic to int64; the np.uint8/np.int8 casts on each decoded quant let
+LLVM keep the byte lanes narrow. Offsets: `o` a block's first byte, `e` its first element,
+`k` its index in `xs`.
 """
 
 import numpy as np
@@ -17,14 +21,14 @@ from gguf import GGMLQuantizationType as T
 from llogos_cli.backends.cpu_jit import (
     f16_at,
     helper,
-    k_scale_min,
+    k_scales_mins,
     kernel,
     parallel_kernel,
     prange,
     u32_at,
 )
 
-LANES = 64
+SCRATCH = 80   # per thread: 64 lanes (Q6_K), 8 scales and 8 mins (Q4_K/Q5_K)
 
 
 @kernel
@@ -93,49 +97,62 @@ def _dot_q5_1(row, x, lanes):  # d:f16, m:f16, qh:u32, qs:u8[16]; weight = d * q
     return lanes[:32].sum()
 
 
+@helper
+def _k_mins(mn, xs, k):
+    """Σ min_j · (Σ x over sub-block j) for the 8 sub-blocks of a 256-weight block."""
+    s = np.float32(0)
+    for j in range(8):
+        s += mn[j] * xs[k + j]
+    return s
+
+
 @kernel
-def _dot_q4_k(row, x, lanes):  # d:f16, dmin:f16, scales:u8[12], qs:u8[128] per 256
-    lanes[:] = 0
+def _dot_q4_k(row, x, xs, scratch):  # d:f16, dmin:f16, scales:u8[12], qs:u8[128] per 256
+    sc, mn = scratch[64:72], scratch[72:80]
+    tot = np.float32(0)
     for b in range(row.shape[0] // 144):
         o = 144 * b
-        d, dmin = f16_at(row, o), f16_at(row, o + 2)
+        k_scales_mins(row, o + 4, sc, mn)
+        acc = np.float32(0)
         for g in range(4):   # 32 bytes: low nibbles are sub-block 2g, high nibbles 2g+1
-            sc0, m0 = k_scale_min(row, o + 4, 2 * g)
-            sc1, m1 = k_scale_min(row, o + 4, 2 * g + 1)
-            a0, c0, a1, c1 = d * sc0, dmin * m0, d * sc1, dmin * m1
             q, e = o + 16 + 32 * g, 256 * b + 64 * g
-            for l in range(32):
-                v = row[q + l]
-                lanes[l] += (a0 * np.float32(np.uint8(v & 15)) - c0) * x[e + l]
-                lanes[32 + l] += (a1 * np.float32(np.uint8(v >> 4)) - c1) * x[e + 32 + l]
-    return lanes.sum()
+            s0 = s1 = np.float32(0)
+            for l in range(16):
+                v, w = row[q + l], row[q + 16 + l]
+                s0 += np.float32(np.uint8(v & 15)) * x[e + l] + np.float32(np.uint8(w & 15)) * x[e + 16 + l]
+                s1 += np.float32(np.uint8(v >> 4)) * x[e + 32 + l] + np.float32(np.uint8(w >> 4)) * x[e + 48 + l]
+            acc += sc[2 * g] * s0 + sc[2 * g + 1] * s1
+        tot += f16_at(row, o) * acc - f16_at(row, o + 2) * _k_mins(mn, xs, 8 * b)
+    return tot
 
 
 @kernel
-def _dot_q5_k(row, x, lanes):  # d:f16, dmin:f16, scales:u8[12], qh:u8[32], qs:u8[128] per 256
-    lanes[:] = 0
+def _dot_q5_k(row, x, xs, scratch):  # d:f16, dmin:f16, scales:u8[12], qh:u8[32], qs:u8[128] per 256
+    sc, mn = scratch[64:72], scratch[72:80]
+    tot = np.float32(0)
     for b in range(row.shape[0] // 176):
         o = 176 * b
-        d, dmin = f16_at(row, o), f16_at(row, o + 2)
+        k_scales_mins(row, o + 4, sc, mn)
+        acc = np.float32(0)
         for g in range(4):   # sub-block j takes bit j of qh[l] as its fifth bit
-            sc0, m0 = k_scale_min(row, o + 4, 2 * g)
-            sc1, m1 = k_scale_min(row, o + 4, 2 * g + 1)
-            a0, c0, a1, c1 = d * sc0, dmin * m0, d * sc1, dmin * m1
             q, h, e = o + 48 + 32 * g, o + 16, 256 * b + 64 * g
+            s0 = s1 = np.float32(0)
             for l in range(32):
                 v, bits = row[q + l], row[h + l] >> (2 * g)
-                lo = np.uint8((v & 15) | ((bits & 1) << 4))
-                hi = np.uint8((v >> 4) | ((bits & 2) << 3))
-                lanes[l] += (a0 * np.float32(lo) - c0) * x[e + l]
-                lanes[32 + l] += (a1 * np.float32(hi) - c1) * x[e + 32 + l]
-    return lanes.sum()
+                s0 += np.float32(np.uint8((v & 15) | ((bits & 1) << 4))) * x[e + l]
+                s1 += np.float32(np.uint8((v >> 4) | ((bits & 2) << 3))) * x[e + 32 + l]
+            acc += sc[2 * g] * s0 + sc[2 * g + 1] * s1
+        tot += f16_at(row, o) * acc - f16_at(row, o + 2) * _k_mins(mn, xs, 8 * b)
+    return tot
 
 
 @kernel
-def _dot_q6_k(row, x, lanes):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 256
+def _dot_q6_k(row, x, xs, scratch):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 256
     # Per half h: bytes i of ql[64h:64h+32], ql[64h+32:64h+64] and qh[32h:32h+32] hold elements
     # 128h + i + 32 * quarter: nibbles of ql, two bits of qh each; weight = d * scale * (q - 32),
-    # one scale per 16 elements. Quarter q accumulates in lanes[16q:16q+16].
+    # one scale per 16 elements. Quarter q accumulates in lanes[16q:16q+16]; q - 32 is taken in
+    # int8, which LLVM does 32 bytes at a time.
+    lanes = scratch[:64]
     lanes[:] = 0
     for b in range(row.shape[0] // 210):
         o = 210 * b
@@ -151,14 +168,14 @@ def _dot_q6_k(row, x, lanes):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per
                 for l in range(16):
                     i = 16 * half + l
                     a, c, bits = row[ql + i], row[ql + 32 + i], row[qh + i]
-                    q0 = np.float32(np.uint8((a & 15) | ((bits & 3) << 4))) - 32
-                    q1 = np.float32(np.uint8((c & 15) | ((bits & 12) << 2))) - 32
-                    q2 = np.float32(np.uint8((a >> 4) | (bits & 48))) - 32
-                    q3 = np.float32(np.uint8((c >> 4) | ((bits & 192) >> 2))) - 32
-                    lanes[l] += s0 * q0 * x[e + i]
-                    lanes[16 + l] += s1 * q1 * x[e + 32 + i]
-                    lanes[32 + l] += s2 * q2 * x[e + 64 + i]
-                    lanes[48 + l] += s3 * q3 * x[e + 96 + i]
+                    q0 = np.int8((a & 15) | ((bits & 3) << 4)) - np.int8(32)
+                    q1 = np.int8((c & 15) | ((bits & 12) << 2)) - np.int8(32)
+                    q2 = np.int8((a >> 4) | (bits & 48)) - np.int8(32)
+                    q3 = np.int8((c >> 4) | ((bits & 192) >> 2)) - np.int8(32)
+                    lanes[l] += s0 * np.float32(q0) * x[e + i]
+                    lanes[16 + l] += s1 * np.float32(q1) * x[e + 32 + i]
+                    lanes[32 + l] += s2 * np.float32(q2) * x[e + 64 + i]
+                    lanes[48 + l] += s3 * np.float32(q3) * x[e + 96 + i]
     return lanes.sum()
 
 
@@ -166,34 +183,35 @@ def _dot_q6_k(row, x, lanes):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
 _Q4_K, _Q5_K = int(T.Q4_K), int(T.Q5_K)
 TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K})
-_CHUNK = 16   # rows a thread takes at a time, sharing one lanes buffer
+_CHUNK = 16   # rows a thread takes at a time, sharing one scratch buffer
 
 
 @kernel
-def _dot(row, code, x, lanes):
+def _dot(row, code, x, xs, scratch):
     if code == _Q8_0:
-        return _dot_q8_0(row, x, lanes)
+        return _dot_q8_0(row, x, scratch)
     if code == _Q4_0:
-        return _dot_q4_0(row, x, lanes)
+        return _dot_q4_0(row, x, scratch)
     if code == _Q4_1:
-        return _dot_q4_1(row, x, lanes)
+        return _dot_q4_1(row, x, scratch)
     if code == _Q5_0:
-        return _dot_q5_0(row, x, lanes)
+        return _dot_q5_0(row, x, scratch)
     if code == _Q5_1:
-        return _dot_q5_1(row, x, lanes)
+        return _dot_q5_1(row, x, scratch)
     if code == _Q4_K:
-        return _dot_q4_k(row, x, lanes)
+        return _dot_q4_k(row, x, xs, scratch)
     if code == _Q5_K:
-        return _dot_q5_k(row, x, lanes)
-    return _dot_q6_k(row, x, lanes)
+        return _dot_q5_k(row, x, xs, scratch)
+    return _dot_q6_k(row, x, xs, scratch)
 
 
 @parallel_kernel
-def matvec(raw, code, x, out):
-    """out (T, rows) = x (T, cols) · rows of raw, on every core; each row is read once for all T tokens."""
+def matvec(raw, code, x, xs, out):
+    """out (T, rows) = x (T, cols) · rows of raw, on every core; each row is read once for all T tokens.
+    xs (T, cols / 32): the sums of x over each 32 elements (every block type's rows are whole 32s)."""
     rows = raw.shape[0]
     for c in prange((rows + _CHUNK - 1) // _CHUNK):
-        lanes = np.empty(LANES, np.float32)
+        scratch = np.empty(SCRATCH, np.float32)
         for r in range(c * _CHUNK, min(rows, c * _CHUNK + _CHUNK)):
             for t in range(x.shape[0]):
-                out[t, r] = _dot(raw[r], code, x[t], lanes)
+                out[t, r] = _dot(raw[r], code, x[t], xs[t], scratch)
