@@ -17,7 +17,7 @@ from llogos_cli.model.forward import Model
 from llogos_cli.model.loader import open_model
 from tests.conftest import FIXTURES, REFERENCE, model_path, need, reference, relative_error
 
-# Token counts that take the integer matvec kernels (1, MATVEC_MAX_TOKENS) and the expanded tiles.
+# Token counts that take the matvec kernels (1, MATVEC_MAX_TOKENS) and the expanded tiles.
 TOKENS = (1, cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.MATVEC_MAX_TOKENS + 3)
 
 

@@ -108,14 +108,16 @@ def _rows(q: np.ndarray, cache: KVCache, slots: np.ndarray, pos: np.ndarray, sca
         keys, values = cache.k[slots, :, :n], cache.v[slots, :, :n]
     keys = keys.astype(np.float32, copy=False)                                   # (R, kv, n, dk)
     values = values.astype(np.float32, copy=False)                               # (R, kv, n, dv)
-    qg = q.reshape(R, n_kv, H // n_kv, dk)                                       # (R, kv, g, dk)
-    scores = (qg @ keys.transpose(0, 1, 3, 2)) * np.float32(scale)               # (R, kv, g, n)
+    qg = (q * np.float32(scale)).reshape(R, n_kv, H // n_kv, dk)                 # (R, kv, g, dk)
+    scores = qg @ keys.transpose(0, 1, 3, 2)                                     # (R, kv, g, n)
     kpos = np.arange(n)[None, :]
     masked = kpos > pos[:, None]                                                 # (R, n) past each row's length
     if window:
         masked |= pos[:, None] - kpos >= window
-    scores = np.where(masked[:, None, None, :], np.float32(-np.inf), scores)
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    if masked.any():   # softmax in place: the scores array is the step's largest temporary
+        scores += np.where(masked, np.float32(-np.inf), np.float32(0))[:, None, None, :]
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     return (scores @ values).reshape(R, H, -1)                                   # (R, H, dv)
 
