@@ -42,6 +42,19 @@ def test_product_matches_dequantize_and_float64(qtype, n_tok, monkeypatch):
     assert relative_error(ours, expected) < 1e-5
 
 
+def test_int16_parts_hold_the_activations_to_float32_precision():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 512)).astype(np.float32) * np.float32(5)
+    x[1, :256] = 0                                   # an all-zero block keeps zero scales
+    x[2, 3] = 4000                                   # an outlier, as Gemma's activations have
+    q, scale = cpu_quant.quantize_rows(x)
+    assert q.dtype == np.int16 and q.shape == (3, 2, 512) and scale.shape == (3, 2, 2)
+    assert (scale[1, :, 0] == 0).all() and np.abs(q[:, 0]).max() == 32767
+    back = (q.reshape(3, 2, 2, 256).astype(np.float64) * scale[:, :, :, None]).sum(axis=1)
+    largest = np.abs(x.reshape(3, 2, 256)).max(axis=2, keepdims=True)
+    assert (np.abs(back - x.reshape(3, 2, 256)) <= largest * 2.0 ** -30).all()
+
+
 # ------------------------------------------------------------------ whole models
 
 def _both(path) -> tuple[Model, Model]:

@@ -46,10 +46,11 @@ def u32_at(row: np.ndarray, o: int) -> int:
 
 @helper
 def k_scales_mins(row: np.ndarray, s: int, sc: np.ndarray, mn: np.ndarray) -> None:
-    """The eight six-bit scales and mins of a Q4_K/Q5_K block, from its 12-byte field at row[s:s+12]."""
+    """The eight six-bit scales and mins of a Q4_K/Q5_K block, from its 12-byte field at row[s:s+12],
+    into sc and mn (float or integer arrays)."""
     for j in range(4):
-        sc[j] = np.float32(row[s + j] & 63)
-        mn[j] = np.float32(row[s + j + 4] & 63)
+        sc[j] = row[s + j] & 63
+        mn[j] = row[s + j + 4] & 63
     for j in range(4, 8):
-        sc[j] = np.float32((row[s + j + 4] & 15) | ((row[s + j - 4] >> 6) << 4))
-        mn[j] = np.float32((row[s + j + 4] >> 4) | ((row[s + j] >> 6) << 4))
+        sc[j] = (row[s + j + 4] & 15) | ((row[s + j - 4] >> 6) << 4)
+        mn[j] = (row[s + j + 4] >> 4) | ((row[s + j] >> 6) << 4)

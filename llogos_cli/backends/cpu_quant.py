@@ -19,6 +19,25 @@ from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 4
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
+INT16_BLOCK = 256              # activations share one scale per this many elements (a K-quant block)
+_NO_INT16 = (np.empty((MATVEC_MAX_TOKENS, 2, 0), np.int16), np.empty((MATVEC_MAX_TOKENS, 2, 0), np.float32))
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (T, cols) as two int16 parts per 256 elements: q (T, 2, cols) and scales (T, 2, cols / 256)
+    with x ≈ q[:, 0] · scale[:, 0] + q[:, 1] · scale[:, 1]. The first part is x rounded to 16 bits of
+    its block's largest magnitude; the second, the remainder (at most half a step) rounded to 16
+    bits of that step, which leaves each element within 2^-32 of its block's largest magnitude."""
+    blocks = x.reshape(x.shape[0], -1, INT16_BLOCK)
+    scale = np.empty((x.shape[0], 2, blocks.shape[1]), np.float32)
+    scale[:, 0] = np.abs(blocks).max(axis=2) / np.float32(32767)
+    scale[:, 1] = scale[:, 0] / np.float32(65534)
+    step = np.where(scale == 0, np.float32(1), scale)[:, :, :, None].astype(np.float64)
+    blocks = blocks.astype(np.float64)      # so that the remainder is exact and at most half a step
+    first = np.rint(blocks / step[:, 0])
+    second = np.clip(np.rint((blocks - first * scale[:, 0, :, None]) / step[:, 1]), -32767, 32767)
+    q = np.stack([first, second], axis=1).astype(np.int16)
+    return q.reshape(x.shape[0], 2, -1), scale
 
 
 class QuantMatmul:
@@ -43,7 +62,8 @@ class QuantMatmul:
         chunksize = set_parallel_chunksize(1)
         try:
             xs = x.reshape(x.shape[0], -1, 32).sum(axis=2, dtype=np.float32)
-            cpu_quant_dot.matvec(raw, int(qtype), x, xs, out)
+            xq, dx = quantize_rows(x) if qtype in cpu_quant_dot.INT16_TYPES else _NO_INT16
+            cpu_quant_dot.matvec(raw, int(qtype), x, xs, xq, dx, out)
         finally:
             set_parallel_chunksize(chunksize)
         return out

@@ -1,18 +1,19 @@
-"""Dot products of GGUF block rows with float32 activations, reading the blocks in place.
+"""Dot products of GGUF block rows with the activations, reading the blocks in place.
 
-Each weight is decoded in registers and multiplied with its activation. Two ways to sum, each
-type taking the one measured faster (docs/PERF.md, 2-core machine, rows of 2048):
-- 32 or 64 float32 lanes in a scratch array, summed once per row (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-  Q6_K): the weight times its block's scale is added into its lane;
-- a sum per sub-block (Q4_K, Q5_K), a reduction LLVM splits across SIMD registers, times the
-  sub-block's scale once; the mins multiply the activations' sums over each 32 (`xs`, once per
-  token) instead of every weight. Q4_K went from 13 to 15 G weights/s on two threads this way,
-  Q5_K from 7 to 11.
-Q6_K takes q - 32 in int8, which LLVM does 32 bytes at a time: 4.7 -> 7.9 G weights/s.
+Three ways, each type taking the one measured fastest (docs/PERF.md, 2-core machine, rows of 2048):
+- Q6_K (a Q4_K_M model's LM head and half its ffn_down): the activations as two int16 parts per
+  256 elements and the block's quants multiplied in integer SIMD registers (cpu_simd), one scale
+  multiply per half block in float: 11 G weights/s on two threads, against 7.9 for the float32
+  kernel, and as exact;
+- Q4_K and Q5_K: a float32 sum per 32-weight sub-block, a reduction LLVM splits across SIMD
+  registers, times the sub-block's scale once; the mins multiply the activations' sums over each
+  32 (`xs`, once per token) instead of every weight;
+- the plain types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): 32 float32 lanes in a scratch array, each
+  weight times its block's scale added into its lane, summed once per row.
 
-numba widens integer arithmetic to int64; the np.uint8/np.int8 casts on each decoded quant let
-LLVM keep the byte lanes narrow. Offsets: `o` a block's first byte, `e` its first element,
-`k` its index in `xs`.
+numba widens integer arithmetic to int64; the np.uint8 casts on each decoded quant let LLVM keep
+the byte lanes narrow. Offsets: `o` a block's first byte, `e` its first element, `k` its index
+in `xs`.
 """
 
 import numpy as np
@@ -27,8 +28,9 @@ from llogos_cli.backends.cpu_jit import (
     prange,
     u32_at,
 )
+from llogos_cli.backends.cpu_simd import q6_k_half_sums
 
-SCRATCH = 80   # per thread: 64 lanes (Q6_K), 8 scales and 8 mins (Q4_K/Q5_K)
+SCRATCH = 80   # per thread: 32 lanes (plain types), 8 scales and 8 mins (Q4_K/Q5_K at 64:80)
 
 
 @kernel
@@ -147,47 +149,26 @@ def _dot_q5_k(row, x, xs, scratch):  # d:f16, dmin:f16, scales:u8[12], qh:u8[32]
 
 
 @kernel
-def _dot_q6_k(row, x, xs, scratch):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 256
-    # Per half h: bytes i of ql[64h:64h+32], ql[64h+32:64h+64] and qh[32h:32h+32] hold elements
-    # 128h + i + 32 * quarter: nibbles of ql, two bits of qh each; weight = d * scale * (q - 32),
-    # one scale per 16 elements. Quarter q accumulates in lanes[16q:16q+16]; q - 32 is taken in
-    # int8, which LLVM does 32 bytes at a time.
-    lanes = scratch[:64]
-    lanes[:] = 0
+def _dot_q6_k(row, xq, dx):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 256
+    tot = np.float32(0)
     for b in range(row.shape[0] // 210):
-        o = 210 * b
-        d = f16_at(row, o + 208)
-        for h in range(2):
-            ql, qh, e = o + 64 * h, o + 128 + 32 * h, 256 * b + 128 * h
-            for half in range(2):
-                sc = o + 192 + 8 * h + half
-                s0 = d * np.float32(np.int8(row[sc]))
-                s1 = d * np.float32(np.int8(row[sc + 2]))
-                s2 = d * np.float32(np.int8(row[sc + 4]))
-                s3 = d * np.float32(np.int8(row[sc + 6]))
-                for l in range(16):
-                    i = 16 * half + l
-                    a, c, bits = row[ql + i], row[ql + 32 + i], row[qh + i]
-                    q0 = np.int8((a & 15) | ((bits & 3) << 4)) - np.int8(32)
-                    q1 = np.int8((c & 15) | ((bits & 12) << 2)) - np.int8(32)
-                    q2 = np.int8((a >> 4) | (bits & 48)) - np.int8(32)
-                    q3 = np.int8((c >> 4) | ((bits & 192) >> 2)) - np.int8(32)
-                    lanes[l] += s0 * np.float32(q0) * x[e + i]
-                    lanes[16 + l] += s1 * np.float32(q1) * x[e + 32 + i]
-                    lanes[32 + l] += s2 * np.float32(q2) * x[e + 64 + i]
-                    lanes[48 + l] += s3 * np.float32(q3) * x[e + 96 + i]
-    return lanes.sum()
+        o, e = 210 * b, 256 * b
+        hi0, lo0 = q6_k_half_sums(row, o, 0, xq[0], xq[1], e)
+        hi1, lo1 = q6_k_half_sums(row, o, 1, xq[0], xq[1], e + 128)
+        tot += f16_at(row, o + 208) * (dx[0, b] * np.float32(hi0 + hi1) + dx[1, b] * np.float32(lo0 + lo1))
+    return tot
 
 
 # GGML's type numbers, frozen into the kernels as constants.
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
 _Q4_K, _Q5_K = int(T.Q4_K), int(T.Q5_K)
 TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K})
+INT16_TYPES = frozenset({T.Q6_K})   # multiplied with the activations' int16 parts (cpu_simd)
 _CHUNK = 16   # rows a thread takes at a time, sharing one scratch buffer
 
 
 @kernel
-def _dot(row, code, x, xs, scratch):
+def _dot(row, code, x, xs, xq, dx, scratch):
     if code == _Q8_0:
         return _dot_q8_0(row, x, scratch)
     if code == _Q4_0:
@@ -202,16 +183,17 @@ def _dot(row, code, x, xs, scratch):
         return _dot_q4_k(row, x, xs, scratch)
     if code == _Q5_K:
         return _dot_q5_k(row, x, xs, scratch)
-    return _dot_q6_k(row, x, xs, scratch)
+    return _dot_q6_k(row, xq, dx)
 
 
 @parallel_kernel
-def matvec(raw, code, x, xs, out):
+def matvec(raw, code, x, xs, xq, dx, out):
     """out (T, rows) = x (T, cols) · rows of raw, on every core; each row is read once for all T tokens.
-    xs (T, cols / 32): the sums of x over each 32 elements (every block type's rows are whole 32s)."""
+    xs (T, cols / 32): the sums of x over each 32 elements (every block type's rows are whole 32s);
+    xq (T, 2, cols) int16 and dx (T, 2, cols / 256): x as two int16 parts, for INT16_TYPES."""
     rows = raw.shape[0]
     for c in prange((rows + _CHUNK - 1) // _CHUNK):
         scratch = np.empty(SCRATCH, np.float32)
         for r in range(c * _CHUNK, min(rows, c * _CHUNK + _CHUNK)):
             for t in range(x.shape[0]):
-                out[t, r] = _dot(raw[r], code, x[t], xs[t], scratch)
+                out[t, r] = _dot(raw[r], code, x[t], xs[t], xq[t], dx[t], scratch)
