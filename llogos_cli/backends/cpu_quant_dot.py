@@ -1,13 +1,16 @@
 """Dot products of GGUF block rows with the activations, reading the blocks in place.
 
-Three ways, each type taking the one measured fastest (docs/PERF.md, 2-core machine, rows of 2048):
+Each type takes the way measured fastest (docs/PERF.md, 2-core machine, rows of 2048):
 - Q6_K (a Q4_K_M model's LM head and half its ffn_down): the activations as two int16 parts per
   256 elements and the block's quants multiplied in integer SIMD registers (cpu_simd), one scale
   multiply per half block in float: 11 G weights/s on two threads, against 7.9 for the float32
   kernel, and as exact;
-- Q4_K and Q5_K: a float32 sum per 32-weight sub-block, a reduction LLVM splits across SIMD
-  registers, times the sub-block's scale once; the mins multiply the activations' sums over each
-  32 (`xs`, once per token) instead of every weight;
+- Q4_K: in float32, a whole row in vector registers (cpu_simd.q4_k_row_dot), the sub-block
+  scales worked out per block beforehand and the mins taken from the activations' sums over each
+  32 (`xs`, once per token) instead of every weight: 15 G weights/s on two threads, against 12.5
+  for the same sums written as numba loops;
+- Q5_K: a float32 sum per 32-weight sub-block, a reduction LLVM splits across SIMD registers,
+  times the sub-block's scale once, the mins again from `xs`;
 - the plain types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): 32 float32 lanes in a scratch array, each
   weight times its block's scale added into its lane, summed once per row.
 
@@ -28,9 +31,11 @@ from llogos_cli.backends.cpu_jit import (
     prange,
     u32_at,
 )
-from llogos_cli.backends.cpu_simd import q6_k_half_sums
+from llogos_cli.backends.cpu_simd import q4_k_row_dot, q6_k_half_sums
 
-SCRATCH = 80   # per thread: 32 lanes (plain types), 8 scales and 8 mins (Q4_K/Q5_K at 64:80)
+# per thread: 32 lanes (plain types), a K block's 8 scales and 8 mins at 64:80, then (Q4_K) the
+# row's d · scale of every sub-block, cols / 32 of them
+SCRATCH = 80
 
 
 @kernel
@@ -110,22 +115,16 @@ def _k_mins(mn, xs, k):
 
 @kernel
 def _dot_q4_k(row, x, xs, scratch):  # d:f16, dmin:f16, scales:u8[12], qs:u8[128] per 256
-    sc, mn = scratch[64:72], scratch[72:80]
-    tot = np.float32(0)
+    k_fields, scales = scratch[64:80], scratch[SCRATCH:]
+    mins = np.float32(0)
     for b in range(row.shape[0] // 144):
         o = 144 * b
-        k_scales_mins(row, o + 4, sc, mn)
-        acc = np.float32(0)
-        for g in range(4):   # 32 bytes: low nibbles are sub-block 2g, high nibbles 2g+1
-            q, e = o + 16 + 32 * g, 256 * b + 64 * g
-            s0 = s1 = np.float32(0)
-            for l in range(16):
-                v, w = row[q + l], row[q + 16 + l]
-                s0 += np.float32(np.uint8(v & 15)) * x[e + l] + np.float32(np.uint8(w & 15)) * x[e + 16 + l]
-                s1 += np.float32(np.uint8(v >> 4)) * x[e + 32 + l] + np.float32(np.uint8(w >> 4)) * x[e + 48 + l]
-            acc += sc[2 * g] * s0 + sc[2 * g + 1] * s1
-        tot += f16_at(row, o) * acc - f16_at(row, o + 2) * _k_mins(mn, xs, 8 * b)
-    return tot
+        d, dmin = f16_at(row, o), f16_at(row, o + 2)
+        k_scales_mins(row, o + 4, k_fields[:8], k_fields[8:])
+        for j in range(8):
+            scales[8 * b + j] = d * k_fields[j]
+            mins += dmin * k_fields[8 + j] * xs[8 * b + j]
+    return q4_k_row_dot(row, x, scales) - mins
 
 
 @kernel
@@ -161,29 +160,40 @@ def _dot_q6_k(row, xq, dx):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 2
 
 # GGML's type numbers, frozen into the kernels as constants.
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
-_Q4_K, _Q5_K = int(T.Q4_K), int(T.Q5_K)
+_Q4_K, _Q5_K, _Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
 TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K})
 INT16_TYPES = frozenset({T.Q6_K})   # multiplied with the activations' int16 parts (cpu_simd)
 _CHUNK = 16   # rows a thread takes at a time, sharing one scratch buffer
 
 
 @kernel
-def _dot(row, code, x, xs, xq, dx, scratch):
-    if code == _Q8_0:
-        return _dot_q8_0(row, x, scratch)
-    if code == _Q4_0:
-        return _dot_q4_0(row, x, scratch)
-    if code == _Q4_1:
-        return _dot_q4_1(row, x, scratch)
-    if code == _Q5_0:
-        return _dot_q5_0(row, x, scratch)
-    if code == _Q5_1:
-        return _dot_q5_1(row, x, scratch)
-    if code == _Q4_K:
-        return _dot_q4_k(row, x, xs, scratch)
-    if code == _Q5_K:
-        return _dot_q5_k(row, x, xs, scratch)
-    return _dot_q6_k(row, xq, dx)
+def _rows(raw, code, r0, r1, x, xs, xq, dx, out, scratch):
+    """out[:, r0:r1]: the type's branch taken once for the rows, each row one direct call."""
+    for t in range(x.shape[0]):
+        if code == _Q4_K:
+            for r in range(r0, r1):
+                out[t, r] = _dot_q4_k(raw[r], x[t], xs[t], scratch)
+        elif code == _Q6_K:
+            for r in range(r0, r1):
+                out[t, r] = _dot_q6_k(raw[r], xq[t], dx[t])
+        elif code == _Q5_K:
+            for r in range(r0, r1):
+                out[t, r] = _dot_q5_k(raw[r], x[t], xs[t], scratch)
+        elif code == _Q8_0:
+            for r in range(r0, r1):
+                out[t, r] = _dot_q8_0(raw[r], x[t], scratch)
+        elif code == _Q4_0:
+            for r in range(r0, r1):
+                out[t, r] = _dot_q4_0(raw[r], x[t], scratch)
+        elif code == _Q4_1:
+            for r in range(r0, r1):
+                out[t, r] = _dot_q4_1(raw[r], x[t], scratch)
+        elif code == _Q5_0:
+            for r in range(r0, r1):
+                out[t, r] = _dot_q5_0(raw[r], x[t], scratch)
+        else:
+            for r in range(r0, r1):
+                out[t, r] = _dot_q5_1(raw[r], x[t], scratch)
 
 
 @parallel_kernel
@@ -193,7 +203,5 @@ def matvec(raw, code, x, xs, xq, dx, out):
     xq (T, 2, cols) int16 and dx (T, 2, cols / 256): x as two int16 parts, for INT16_TYPES."""
     rows = raw.shape[0]
     for c in prange((rows + _CHUNK - 1) // _CHUNK):
-        scratch = np.empty(SCRATCH, np.float32)
-        for r in range(c * _CHUNK, min(rows, c * _CHUNK + _CHUNK)):
-            for t in range(x.shape[0]):
-                out[t, r] = _dot(raw[r], code, x[t], xs[t], xq[t], dx[t], scratch)
+        _rows(raw, code, c * _CHUNK, min(rows, c * _CHUNK + _CHUNK), x, xs, xq, dx, out,
+              np.empty(SCRATCH + x.shape[1] // 32, np.float32))

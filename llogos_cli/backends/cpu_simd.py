@@ -1,10 +1,12 @@
-"""Integer SIMD sums over a Q6_K block, written as LLVM vector IR (a numba intrinsic).
+"""Block products written as LLVM vector IR (numba intrinsics), where numba's own loops fall short.
 
 numba compiles Python loops over int8/int16 products to scalar code, and its float loops end each
-sub-block with a horizontal sum. This intrinsic holds a half block's products in vector registers
-instead: 32 quants and 32 int16 activations are multiplied and added in pairs (the pattern LLVM
-turns into `vpmaddwd` on x86), each pair-sum is multiplied by its sub-block's scale, and the
-vector is summed once per call.
+sub-block with a horizontal sum. These intrinsics keep the products in vector registers instead:
+- q4_k_row_dot: a whole Q4_K row in float32, 32 quants at a time converted, times their
+  sub-block's scale and the activations, added into one vector that is summed once per row;
+- q6_k_half_sums: 32 Q6_K quants and 32 int16 activations multiplied and added in pairs (the
+  pattern LLVM turns into `vpmaddwd` on x86), each pair-sum times its sub-block's scale, the
+  vector summed once per half block.
 
 The activations come as two int16 parts per 256 elements (cpu_quant.quantize_rows), so the
 result is as exact as a float32 product: one part alone (x rounded to 16 bits of its block's
@@ -18,7 +20,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
 
 
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
@@ -53,10 +56,43 @@ def _lanes(builder, scales, picks: list[int]):
     return builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 16), picks))
 
 
+def _splat(builder, scalar_vector, n: int):
+    """A <1 x T> vector's element in all n lanes."""
+    return builder.shuffle_vector(scalar_vector, scalar_vector, ir.Constant(_vec(I32, n), [0] * n))
+
+
 def _sum(builder, v):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I32, [_vec(I32, 16)]),
                                         "llvm.vector.reduce.add.v16i32")
     return builder.call(fn, [v])
+
+
+@intrinsic
+def q4_k_row_dot(typingctx, row, x, scales):
+    """Σ over the Q4_K blocks of row of Σ_j scales[8b + j] · Σ_l q_jl · x[256b + 32j + l]: float32
+    x, scales[8b + j] = d · (six-bit scale j) of block b; the mins are left to the caller. Block
+    b's 32 bytes at 144b + 16 + 32g hold sub-block 2g in their low nibbles, 2g+1 in the high."""
+    def codegen(context, builder, sig, args):
+        row_t, x_t, scales_t = sig.args
+        row, x, scales = args
+        n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
+                                ir.Constant(I64, 144))
+        acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(F32, 32), [0.0] * 32))
+        with cgutils.for_range(builder, n_blocks) as loop:
+            o, e, s = (builder.mul(loop.index, ir.Constant(I64, k)) for k in (144, 256, 8))
+            total = builder.load(acc)
+            for g in range(4):
+                v = _load(context, builder, row_t, row, _at(builder, o, 16 + 32 * g), I8, 32)
+                for k, q in enumerate((builder.and_(v, _const(I8, 32, 15)), builder.lshr(v, _const(I8, 32, 4)))):
+                    xv = _load(context, builder, x_t, x, _at(builder, e, 64 * g + 32 * k), F32, 32)
+                    scale = _splat(builder, _load(context, builder, scales_t, scales, _at(builder, s, 2 * g + k), F32, 1), 32)
+                    weights = builder.fmul(builder.uitofp(q, _vec(F32, 32)), scale, flags=["fast"])
+                    total = builder.fadd(total, builder.fmul(weights, xv, flags=["fast"]), flags=["fast"])
+            builder.store(total, acc)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, _vec(F32, 32)]),
+                                            "llvm.vector.reduce.fadd.v32f32")
+        return builder.call(fn, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
+    return types.float32(row, x, scales), codegen
 
 
 @intrinsic
