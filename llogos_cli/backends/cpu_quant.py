@@ -20,6 +20,8 @@ from llogos_cli.gguf import quants
 MATVEC_MAX_TOKENS = 4
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
 INT16_BLOCK = 256              # activations share one scale per this many elements (a K-quant block)
+# Stand-ins for the per-token inputs a type's kernel does not read.
+_NO_SUMS = np.empty((MATVEC_MAX_TOKENS, 0), np.float32)
 _NO_INT16 = (np.empty((MATVEC_MAX_TOKENS, 2, 0), np.int16), np.empty((MATVEC_MAX_TOKENS, 2, 0), np.float32))
 
 
@@ -57,12 +59,12 @@ class QuantMatmul:
     @staticmethod
     def _matvec(x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
         out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+        xs = x.reshape(x.shape[0], -1, 32).sum(axis=2) if qtype in cpu_quant_dot.SUMS_TYPES else _NO_SUMS
+        xq, dx = quantize_rows(x) if qtype in cpu_quant_dot.INT16_TYPES else _NO_INT16
         # Chunks of rows handed out as threads come free: on a shared machine a thread that loses its
         # core for a time slice then holds up one chunk, not its whole share of the rows.
         chunksize = set_parallel_chunksize(1)
         try:
-            xs = x.reshape(x.shape[0], -1, 32).sum(axis=2, dtype=np.float32)
-            xq, dx = quantize_rows(x) if qtype in cpu_quant_dot.INT16_TYPES else _NO_INT16
             cpu_quant_dot.matvec(raw, int(qtype), x, xs, xq, dx, out)
         finally:
             set_parallel_chunksize(chunksize)

@@ -115,15 +115,15 @@ def _k_mins(mn, xs, k):
 
 @kernel
 def _dot_q4_k(row, x, xs, scratch):  # d:f16, dmin:f16, scales:u8[12], qs:u8[128] per 256
-    k_fields, scales = scratch[64:80], scratch[SCRATCH:]
+    sc, mn, scales = scratch[64:72], scratch[72:80], scratch[SCRATCH:]
     mins = np.float32(0)
     for b in range(row.shape[0] // 144):
         o = 144 * b
-        d, dmin = f16_at(row, o), f16_at(row, o + 2)
-        k_scales_mins(row, o + 4, k_fields[:8], k_fields[8:])
+        d = f16_at(row, o)
+        k_scales_mins(row, o + 4, sc, mn)
         for j in range(8):
-            scales[8 * b + j] = d * k_fields[j]
-            mins += dmin * k_fields[8 + j] * xs[8 * b + j]
+            scales[8 * b + j] = d * sc[j]
+        mins += f16_at(row, o + 2) * _k_mins(mn, xs, 8 * b)
     return q4_k_row_dot(row, x, scales) - mins
 
 
@@ -163,6 +163,7 @@ _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T
 _Q4_K, _Q5_K, _Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
 TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K})
 INT16_TYPES = frozenset({T.Q6_K})   # multiplied with the activations' int16 parts (cpu_simd)
+SUMS_TYPES = frozenset({T.Q4_K, T.Q5_K})   # take their mins from the activations' sums over 32s
 _CHUNK = 16   # rows a thread takes at a time, sharing one scratch buffer
 
 
@@ -198,7 +199,7 @@ def _rows(raw, code, r0, r1, x, xs, xq, dx, out, scratch):
 @parallel_kernel
 def matvec(raw, code, x, xs, xq, dx, out):
     """out (T, rows) = x (T, cols) · rows of raw, on every core; each row is read once for all T tokens.
-    xs (T, cols / 32): the sums of x over each 32 elements (every block type's rows are whole 32s);
+    xs (T, cols / 32): the sums of x over each 32 elements, for SUMS_TYPES;
     xq (T, 2, cols) int16 and dx (T, 2, cols / 256): x as two int16 parts, for INT16_TYPES."""
     rows = raw.shape[0]
     for c in prange((rows + _CHUNK - 1) // _CHUNK):
