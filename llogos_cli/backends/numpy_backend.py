@@ -53,7 +53,7 @@ class NumpyBackend(AttentionOps, RecurrentOps):
             raise LlogosError(f"unknown CPU weights mode '{weights}' (choose from {', '.join(WEIGHTS)})")
         self.weights = weights
         self._rope_key = None
-        self._rope_cos_sin = None
+        self._rope_turn = None
         if weights == "quantized":   # imported here: numba's import and kernels cost the f32 path nothing
             from llogos_cli.backends.cpu_quant import QuantMatmul
             self._quant = QuantMatmul()
@@ -125,17 +125,16 @@ class NumpyBackend(AttentionOps, RecurrentOps):
              neox: bool, factors: np.ndarray | None = None) -> np.ndarray:
         """Rotate the first `dims` features of each head of x (T, H, D) by position. Pair i turns
         by pos * freq_scale * base^(-2i/dims) / factors[i] (factors: Llama 3's rope_freqs)."""
-        cos, sin = self._rope_table(pos, dims, base, freq_scale, factors)   # (T, 1, dims/2)
+        turn = self._rope_table(pos, dims, base, freq_scale, factors)   # (T, 1, dims/2) complex64
         out = x.copy()
-        half = dims // 2
-        if neox:   # pairs (i, i + dims/2)
-            a, b = x[..., :half], x[..., half:dims]
-            out[..., :half] = a * cos - b * sin
-            out[..., half:dims] = a * sin + b * cos
-        else:      # pairs (2i, 2i + 1)
-            a, b = x[..., 0:dims:2], x[..., 1:dims:2]
-            out[..., 0:dims:2] = a * cos - b * sin
-            out[..., 1:dims:2] = a * sin + b * cos
+        if neox:   # pairs (i, i + dims/2), gathered into complex numbers and turned
+            half = dims // 2
+            z = np.empty(x.shape[:-1] + (half,), np.complex64)
+            z.real, z.imag = x[..., :half], x[..., half:dims]
+            z *= turn
+            out[..., :half], out[..., half:dims] = z.real, z.imag
+        else:      # pairs (2i, 2i + 1) are complex numbers in memory already
+            out[..., :dims].view(np.complex64)[...] *= turn
         return out
 
     def _rope_table(self, pos: np.ndarray, dims: int, base: float, freq_scale: float, factors):
@@ -147,9 +146,8 @@ class NumpyBackend(AttentionOps, RecurrentOps):
                 inv_freq = inv_freq / factors.astype(np.float64)
             angle = pos.astype(np.float64)[:, None] * inv_freq[None, :]
             self._rope_key = key
-            self._rope_cos_sin = (np.cos(angle).astype(np.float32)[:, None, :],
-                                  np.sin(angle).astype(np.float32)[:, None, :])
-        return self._rope_cos_sin
+            self._rope_turn = np.exp(1j * angle).astype(np.complex64)[:, None, :]
+        return self._rope_turn
 
     def glu(self, gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
         if gelu:  # tanh approximation, as Gemma and llama.cpp use
