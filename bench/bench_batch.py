@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     npl = [int(x) for x in a.npl.split(",")]
-    m = load(a.model, "cpu")
+    m = load(a.model, "cpu", n_ctx=a.npp + a.ntg, n_slots=max(npl))   # batched: the few-row kernel
     rng = np.random.default_rng(0)
     llogos_rows(m.model, 2, 8, 2, rng)   # warm-up
     report = {"model": a.model, "date": time.strftime("%Y-%m-%d"), "npp": a.npp, "ntg": a.ntg,

@@ -20,7 +20,7 @@ FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen35", "tiny-gemma
 
 def load(name: str) -> tuple[Model, Tokenizer]:
     f = GGUFFile(need(FIXTURES / f"{name}-f32.gguf"))
-    return Model(f, NumpyBackend()), Tokenizer.from_gguf(f)
+    return Model(f, NumpyBackend(batched=True)), Tokenizer.from_gguf(f)
 
 
 # Each step lists (sequence, slot, tokens): prompt chunks and single tokens (decode rows) mixed, rows

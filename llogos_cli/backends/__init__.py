@@ -74,9 +74,10 @@ def cuda_available() -> bool:
         return False
 
 
-def get_backend(name: str, cpu_weights: str = "f32"):
+def get_backend(name: str, cpu_weights: str = "f32", batched: bool = False):
     """The backend `name` (cpu, cuda, auto); a CPU backend holds its weights as cpu_weights says
-    (f32 or quantized: see numpy_backend)."""
+    (f32 or quantized: see numpy_backend) and is told whether several sequences will decode
+    together (batched)."""
     if name not in BACKENDS:
         raise LlogosError(f"unknown backend '{name}' (choose from {', '.join(BACKENDS)})")
     gpu = name != "cpu" and cuda_available()
@@ -92,4 +93,4 @@ def get_backend(name: str, cpu_weights: str = "f32"):
             from llogos_cli.console import warn
             warn(f"{e}; running on the CPU")
     from llogos_cli.backends.numpy_backend import NumpyBackend
-    return NumpyBackend(cpu_weights)
+    return NumpyBackend(cpu_weights, batched)

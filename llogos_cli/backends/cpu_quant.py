@@ -4,16 +4,16 @@ Two shapes of product, chosen by the number of tokens (measured crossover, see d
 - up to MATVEC_MAX_TOKENS tokens (decode, small batches): each weight row is decoded in registers
   and dotted with every token's activations while it is in cache (cpu_quant_dot), rows shared
   out over every core;
-- more tokens (prefill): tiles of rows are expanded to float32 (cpu_quant_dequant) into one
-  reused buffer and multiplied by BLAS, so expanding a weight is paid once per tile, not once
-  per token.
+- more tokens (batched decode, prefill): tiles of rows are expanded to float32 (cpu_quant_dequant)
+  into one reused buffer and multiplied there, by cpu_rows up to its 64 rows, else by BLAS, so
+  expanding a weight is paid once per tile, not once per token.
 F16 and BF16 matrices always take the tile path.
 """
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from llogos_cli.backends import cpu_quant_dequant, cpu_quant_dot
+from llogos_cli.backends import cpu_quant_dequant, cpu_quant_dot, cpu_rows
 from llogos_cli.backends.cpu_jit import set_parallel_chunksize
 from llogos_cli.gguf import quants
 
@@ -79,5 +79,8 @@ class QuantMatmul:
             r1 = min(rows, r0 + step)
             tile = self._tile[:(r1 - r0) * cols].reshape(r1 - r0, cols)
             cpu_quant_dequant.dequantize_rows(raw[r0:r1], int(qtype), tile)
-            out[:, r0:r1] = x @ tile.T
+            if x.shape[0] <= cpu_rows.MAX_ROWS:
+                cpu_rows.matmul_rows(x, tile, out[:, r0:r1])
+            else:
+                out[:, r0:r1] = x @ tile.T
         return out

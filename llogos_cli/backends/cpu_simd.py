@@ -6,7 +6,9 @@ sub-block with a horizontal sum. These intrinsics keep the products in vector re
   sub-block's scale and the activations, added into one vector that is summed once per row;
 - q6_k_half_sums: 32 Q6_K quants and 32 int16 activations multiplied and added in pairs (the
   pattern LLVM turns into `vpmaddwd` on x86), each pair-sum times its sub-block's scale, the
-  vector summed once per half block.
+  vector summed once per half block;
+- f32_rows_tile: a tile of float32 weight rows times up to 64 tokens, tokens across the lanes
+  (cpu_rows).
 
 The activations come as two int16 parts per 256 elements (cpu_quant.quantize_rows), so the
 result is as exact as a float32 product: one part alone (x rounded to 16 bits of its block's
@@ -30,6 +32,10 @@ def _vec(t: ir.Type, n: int) -> ir.VectorType:
 
 def _const(t: ir.Type, n: int, value: int) -> ir.Constant:
     return ir.Constant(_vec(t, n), [value] * n)
+
+
+def _fconst(n: int, value: float) -> ir.Constant:
+    return ir.Constant(_vec(F32, n), [value] * n)
 
 
 def _load(context, builder, array_type, array, offset, elem: ir.Type, n: int):
@@ -127,3 +133,75 @@ def q6_k_half_sums(typingctx, row, o, h, xhi, xlo, e):
                 acc[part] = builder.add(acc[part], builder.mul(_pair_sums(builder, w, xv), scale))
         return context.make_tuple(builder, sig.return_type, [_sum(builder, acc[0]), _sum(builder, acc[1])])
     return types.UniTuple(types.int32, 2)(row, o, h, xhi, xlo, e), codegen
+
+
+def f32_rows_tile(rows: int, vectors: int):
+    """An intrinsic tile(w, xt, out, n0, nr): out[r, n0 + i] = Σ_k w[n0 + i, k] · xt[k, r] for the
+    nr <= `rows` weight rows from n0, every token r < out.shape[0]. xt (K, 16 · vectors) holds the
+    tokens across its lanes, so each weight is one broadcast multiplied into `vectors` registers and
+    the rows × vectors sums stay in registers for the whole of K. Every 16 elements the same
+    stretch of the next tile's rows is prefetched into L2: the rows are short, interleaved streams
+    that the hardware prefetcher alone would start too late. w's rows and out's rows are contiguous
+    (each may have its own stride)."""
+    lanes = 16 * vectors
+
+    @intrinsic
+    def tile(typingctx, w, xt, out, n0, nr):
+        def codegen(context, builder, sig, args):
+            w_t, xt_t, out_t = sig.args[:3]
+            wa, xa, oa = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:3], args[:3]))
+            n0, nr = args[3], args[4]
+            k_len = builder.extract_value(wa.shape, 1)
+            w_stride = builder.extract_value(wa.strides, 0)
+            w_bytes = builder.bitcast(wa.data, I8.as_pointer())
+            last = builder.sub(nr, ir.Constant(I64, 1))
+            row_ptrs = []   # rows past nr repeat the last one (their sums are not stored)
+            for i in range(rows):
+                r = builder.select(builder.icmp_signed("<", ir.Constant(I64, i), nr), ir.Constant(I64, i), last)
+                at = builder.gep(w_bytes, [builder.mul(builder.add(n0, r), w_stride)])
+                row_ptrs.append(builder.bitcast(at, F32.as_pointer()))
+            acc = [[cgutils.alloca_once_value(builder, _fconst(16, 0.0)) for _ in range(vectors)] for _ in range(rows)]
+            prefetch = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0i8")
+            next_tile = builder.mul(w_stride, ir.Constant(I64, rows))
+
+            def step(k):
+                xk = builder.gep(xa.data, [builder.mul(k, ir.Constant(I64, lanes))])
+                xs = [builder.load(builder.bitcast(builder.gep(xk, [ir.Constant(I64, 16 * v)]), _vec(F32, 16).as_pointer()),
+                                   align=4) for v in range(vectors)]
+                for i in range(rows):
+                    wk = _splat(builder, builder.insert_element(_fconst(1, 0.0), builder.load(builder.gep(row_ptrs[i], [k])),
+                                                                ir.Constant(I32, 0)), 16)
+                    for v in range(vectors):
+                        total = builder.fadd(builder.load(acc[i][v]), builder.fmul(wk, xs[v], flags=["fast"]), flags=["fast"])
+                        builder.store(total, acc[i][v])
+
+            n_blocks = builder.udiv(k_len, ir.Constant(I64, 16))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                k0 = builder.mul(loop.index, ir.Constant(I64, 16))
+                for i in range(rows):
+                    ahead = builder.gep(builder.bitcast(row_ptrs[i], I8.as_pointer()),
+                                        [builder.add(next_tile, builder.mul(k0, ir.Constant(I64, 4)))])
+                    builder.call(prefetch, [ahead, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
+                for u in range(16):
+                    step(_at(builder, k0, u))
+            with cgutils.for_range_slice(builder, builder.mul(n_blocks, ir.Constant(I64, 16)), k_len,
+                                         ir.Constant(I64, 1)) as (k, _):
+                step(k)
+
+            sums = builder.bitcast(cgutils.alloca_once(builder, _vec(F32, 16), size=rows * vectors), F32.as_pointer())
+            for i in range(rows):
+                for v in range(vectors):
+                    at = builder.gep(sums, [ir.Constant(I64, (i * vectors + v) * 16)])
+                    builder.store(builder.load(acc[i][v]), builder.bitcast(at, _vec(F32, 16).as_pointer()), align=4)
+            out_bytes = builder.bitcast(oa.data, I8.as_pointer())
+            out_stride = builder.extract_value(oa.strides, 0)
+            with cgutils.for_range(builder, builder.extract_value(oa.shape, 0)) as loop:
+                token = loop.index
+                out_row = builder.bitcast(builder.gep(out_bytes, [builder.mul(token, out_stride)]), F32.as_pointer())
+                for i in range(rows):
+                    with builder.if_then(builder.icmp_signed("<", ir.Constant(I64, i), nr)):
+                        value = builder.load(builder.gep(sums, [builder.add(token, ir.Constant(I64, i * lanes))]))
+                        builder.store(value, builder.gep(out_row, [builder.add(n0, ir.Constant(I64, i))]))
+        return types.void(w, xt, out, n0, nr), codegen
+    return tile

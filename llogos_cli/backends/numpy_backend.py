@@ -1,8 +1,10 @@
 """The reference backend: float32 NumPy on the CPU.
 
 Two ways to hold the matrices used in products (`weights`, chosen by the loader):
-- "f32": expanded once to float32 so every product is one BLAS call; decode is then bounded by
-  streaming 4 bytes a weight from memory (see docs/PERF.md). The reference.
+- "f32": expanded once to float32; a product is one BLAS call, or, when several sequences decode
+  together (`batched`), for 2-64 rows the compiled kernel of cpu_rows, which streams the weights
+  once as a GEMV does. Decode is then bounded by streaming 4 bytes a weight from memory (see
+  docs/PERF.md). The reference.
 - "quantized": left in their GGUF blocks in the memory map and multiplied by the compiled kernels
   of cpu_quant; memory is the file's size.
 Embedding tables stay quantized in the memory map and are dequantized a row at a time.
@@ -22,9 +24,10 @@ WEIGHTS = ("f32", "quantized")
 # Quantized mode expands matrices with rows shorter than this (a conv kernel (C, 4), which ssm_conv
 # reads as .dense): no block type has such rows, and they are too small to matter.
 _MIN_QUANT_ROW = 32
-# Products of this many rows (batched decode) run as W·xᵀ: OpenBLAS takes the row-major weights
-# as the left operand 10-30% faster than x·Wᵀ at 2-64 rows (one row is a GEMV either way; at
-# prefill sizes x·Wᵀ is as fast and keeps the result C-ordered for what follows). docs/PERF.md.
+# Products of 2 to this many rows (prompt chunks; with batched, decode steps of several rows):
+# OpenBLAS takes the row-major weights as the left operand, W·xᵀ, 10-30% faster than x·Wᵀ, but
+# repacks them on every call (about 2.6 GEMVs at 16 rows), which cpu_rows' kernel does not
+# (docs/PERF.md). One row is a GEMV; from here on x·Wᵀ is as fast and keeps the result C-ordered.
 _FEW_ROWS = 64
 
 
@@ -48,12 +51,19 @@ class NumpyBackend(AttentionOps, RecurrentOps):
     parallel_load = True         # weights may be prepared on several threads
     default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to
 
-    def __init__(self, weights: str = "f32"):
+    def __init__(self, weights: str = "f32", batched: bool = False):
+        """batched: several sequences will decode together, so float32 products of a few rows take
+        cpu_rows' kernel, which is worth numba's import (~0.4 s and ~100 MB at start-up) only then."""
         if weights not in WEIGHTS:
             raise LlogosError(f"unknown CPU weights mode '{weights}' (choose from {', '.join(WEIGHTS)})")
         self.weights = weights
         self._rope_key = None
         self._rope_turn = None
+        self._rows = None
+        if batched:
+            from llogos_cli.backends import cpu_rows
+            assert cpu_rows.MAX_ROWS >= _FEW_ROWS
+            self._rows = cpu_rows.matmul_rows
         if weights == "quantized":   # imported here: numba's import and kernels cost the f32 path nothing
             from llogos_cli.backends.cpu_quant import QuantMatmul
             self._quant = QuantMatmul()
@@ -91,9 +101,9 @@ class NumpyBackend(AttentionOps, RecurrentOps):
 
     def matmul(self, x: np.ndarray, w: Matrix) -> np.ndarray:
         if w.dense is not None:
-            if 1 < x.shape[0] <= _FEW_ROWS:
-                return (w.dense @ x.T).T
-            return x @ w.dense.T
+            if not 1 < x.shape[0] <= _FEW_ROWS:
+                return x @ w.dense.T
+            return (w.dense @ x.T).T if self._rows is None else self._rows(x, w.dense)
         return self._quant(x, w.raw, w.qtype)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

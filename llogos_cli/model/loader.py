@@ -86,7 +86,7 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
     n_ctx = n_ctx or source.n_ctx(None)
     type_k, type_v = cache_types
     weights, why = memory.choose_cpu_weights(f, cfg, cpu_weights, n_ctx, type_k or "f32", type_v or "f32", n_slots)
-    b = get_backend(backend, weights)
+    b = get_backend(backend, weights, batched=n_slots > 1)
     held = "cuda" if b.name == "cuda" else weights
     need = memory.need(f, cfg, held, n_ctx, type_k or b.default_cache_type, type_v or b.default_cache_type, n_slots)
     available = memory.gpu_available() if held == "cuda" else memory.host_available()

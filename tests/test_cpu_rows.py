@@ -1,0 +1,49 @@
+"""The few-row float32 product (cpu_rows) against a float64 product, and the backends' use of it."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from llogos_cli.backends import cpu_rows, numpy_backend
+
+
+@pytest.mark.parametrize("n_tok", (0, 1, 2, 15, 16, 17, 33, 48, 64))
+@pytest.mark.parametrize("n_out, k_len", ((53, 37), (7, 1536), (1000, 576)))
+def test_product_matches_float64(n_tok, n_out, k_len):
+    """Token counts across 1-4 vectors of lanes, partial last vectors (and none: a step that
+    wants no logits); rows off every tile size (a short last tile); row lengths off the
+    16-element prefetch step."""
+    rng = np.random.default_rng(n_tok * 1000 + n_out)
+    w = rng.standard_normal((n_out, k_len), dtype=np.float32)
+    x = rng.standard_normal((n_tok, k_len), dtype=np.float32)
+    expected = x.astype(np.float64) @ w.astype(np.float64).T
+    got = cpu_rows.matmul_rows(x, w)
+    assert got.shape == (n_tok, n_out) and got.flags.c_contiguous
+    # float32 sums over k_len terms: error grows as sqrt(k_len) eps times the terms' magnitude
+    bound = 8 * np.sqrt(k_len) * np.finfo(np.float32).eps * np.abs(x) @ np.abs(w).T
+    assert np.all(np.abs(got - expected) <= bound)
+
+
+def test_strided_rows_in_and_out():
+    """Weight rows and output rows with strides of their own (a column range of a larger output,
+    as the quantized path's tiles write); columns beside the range are left alone."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((29, 50), dtype=np.float32)[:, :40]
+    x = rng.standard_normal((20, 40), dtype=np.float32)
+    out = np.full((20, 60), 7, np.float32)
+    cpu_rows.matmul_rows(x, w, out[:, 10:39])
+    np.testing.assert_allclose(out[:, 10:39], x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-4, atol=1e-4)
+    assert np.all(out[:, :10] == 7) and np.all(out[:, 39:] == 7)
+
+
+@pytest.mark.parametrize("batched", (False, True))
+def test_backend_products_agree_with_blas_on_either_side_of_the_few_rows(batched):
+    """One row (a GEMV), 2-64 rows (cpu_rows when batched, else BLAS with the weights on the left),
+    65 (a GEMM): every way gives the BLAS product, C-ordered or not."""
+    rng = np.random.default_rng(2)
+    raw = rng.standard_normal((70, 96), dtype=np.float32)
+    b = numpy_backend.NumpyBackend(batched=batched)
+    w = b.matrix(raw.view(np.uint8), GGMLQuantizationType.F32, matmul=True)
+    for n_tok in (1, 2, cpu_rows.MAX_ROWS, cpu_rows.MAX_ROWS + 1):
+        x = rng.standard_normal((n_tok, 96), dtype=np.float32)
+        np.testing.assert_allclose(b.matmul(x, w), x @ raw.T, rtol=1e-5, atol=1e-4)
