@@ -1,10 +1,12 @@
 """The few-row float32 product (cpu_rows) against a float64 product, and the backends' use of it."""
 
+import numba
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
 from llogos_cli.backends import cpu_rows, numpy_backend
+from llogos_cli.backends.cpu_simd import f32_rows_tile
 
 
 @pytest.mark.parametrize("n_tok", (0, 1, 2, 15, 16, 17, 33, 48, 64))
@@ -34,6 +36,28 @@ def test_strided_rows_in_and_out():
     cpu_rows.matmul_rows(x, w, out[:, 10:39])
     np.testing.assert_allclose(out[:, 10:39], x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-4, atol=1e-4)
     assert np.all(out[:, :10] == 7) and np.all(out[:, 39:] == 7)
+
+
+@pytest.mark.parametrize("rows, vectors", ((6, 1), (3, 2), (2, 3), (1, 4), (8, 2)))
+def test_every_tile_geometry(rows, vectors):
+    """The tiles of the other table (hosts without AVX-512) as well as this host's, one at a time
+    over a matrix whose last tile is short."""
+    tile = f32_rows_tile(rows, vectors)
+
+    @numba.njit   # not cached: each geometry is its own closure
+    def product(w, xt, out):
+        for n0 in range(0, w.shape[0], rows):
+            tile(w, xt, out, n0, min(rows, w.shape[0] - n0))
+
+    rng = np.random.default_rng(rows * 10 + vectors)
+    n_tok = 16 * vectors - 3
+    w = rng.standard_normal((4 * rows + 1, 70), dtype=np.float32)
+    x = rng.standard_normal((n_tok, 70), dtype=np.float32)
+    xt = np.zeros((70, 16 * vectors), np.float32)
+    xt[:, :n_tok] = x.T
+    out = np.empty((n_tok, w.shape[0]), np.float32)
+    product(w, xt, out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("batched", (False, True))
