@@ -6,7 +6,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from llogos_cli.backends import cpu_rows, numpy_backend
-from llogos_cli.backends.cpu_simd import f32_rows_tile
+from llogos_cli.backends.cpu_simd import ROW_LANES, f32_rows_tile
 
 
 @pytest.mark.parametrize("n_tok", (0, 1, 2, 15, 16, 17, 33, 48, 64))
@@ -50,10 +50,10 @@ def test_every_tile_geometry(rows, vectors):
             tile(w, xt, out, n0, min(rows, w.shape[0] - n0))
 
     rng = np.random.default_rng(rows * 10 + vectors)
-    n_tok = 16 * vectors - 3
+    n_tok = ROW_LANES * vectors - 3
     w = rng.standard_normal((4 * rows + 1, 70), dtype=np.float32)
     x = rng.standard_normal((n_tok, 70), dtype=np.float32)
-    xt = np.zeros((70, 16 * vectors), np.float32)
+    xt = np.zeros((70, ROW_LANES * vectors), np.float32)
     xt[:, :n_tok] = x.T
     out = np.empty((n_tok, w.shape[0]), np.float32)
     product(w, xt, out)

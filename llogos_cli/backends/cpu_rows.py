@@ -13,10 +13,9 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from llogos_cli.backends.cpu_jit import parallel_kernel, prange
-from llogos_cli.backends.cpu_simd import f32_rows_tile
+from llogos_cli.backends.cpu_simd import ROW_LANES, f32_rows_tile
 
-LANES = 16
-MAX_ROWS = 4 * LANES
+MAX_ROWS = 4 * ROW_LANES
 # Weight rows per tile for 1-4 vectors of tokens: rows x vectors sums plus the vectors and one
 # broadcast fill the 32 vector registers of AVX-512; elsewhere a 16-lane vector takes two
 # registers of 16 and the tiles shrink to fit.
@@ -33,7 +32,7 @@ def _product(x, w, xt, out):
             xt[k, r] = x[r, k]
         for r in range(n_tok, xt.shape[1]):
             xt[k, r] = 0
-    vectors = xt.shape[1] // LANES
+    vectors = xt.shape[1] // ROW_LANES
     rows = TILE_ROWS[vectors - 1]
     n = w.shape[0]
     for t in prange((n + rows - 1) // rows):
@@ -60,6 +59,6 @@ def matmul_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> 
     if out.size == 0:   # (an empty array's strides may be anything)
         return out
     assert w.dtype == out.dtype == np.float32 and w.strides[1] == out.strides[1] == 4, (w.strides, out.strides)
-    xt = np.empty((k_len, -(-n_tok // LANES) * LANES), np.float32)
+    xt = np.empty((k_len, -(-n_tok // ROW_LANES) * ROW_LANES), np.float32)
     _product(np.ascontiguousarray(x, np.float32), w, xt, out)
     return out

@@ -24,18 +24,15 @@ from numba.extending import intrinsic
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
+ROW_LANES = 16   # tokens in one vector of f32_rows_tile (one AVX-512 register)
 
 
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def _const(t: ir.Type, n: int, value: int) -> ir.Constant:
+def _const(t: ir.Type, n: int, value: float) -> ir.Constant:
     return ir.Constant(_vec(t, n), [value] * n)
-
-
-def _fconst(n: int, value: float) -> ir.Constant:
-    return ir.Constant(_vec(F32, n), [value] * n)
 
 
 def _load(context, builder, array_type, array, offset, elem: ir.Type, n: int):
@@ -137,18 +134,17 @@ def q6_k_half_sums(typingctx, row, o, h, xhi, xlo, e):
 
 def f32_rows_tile(rows: int, vectors: int):
     """An intrinsic tile(w, xt, out, n0, nr): out[r, n0 + i] = Σ_k w[n0 + i, k] · xt[k, r] for the
-    nr <= `rows` weight rows from n0, every token r < out.shape[0]. xt (K, 16 · vectors) holds the
-    tokens across its lanes, so each weight is one broadcast multiplied into `vectors` registers and
-    the rows × vectors sums stay in registers for the whole of K. Every 16 elements the same
-    stretch of the next tile's rows is prefetched into L2: the rows are short, interleaved streams
-    that the hardware prefetcher alone would start too late. w's rows and out's rows are contiguous
-    (each may have its own stride)."""
-    lanes = 16 * vectors
+    nr <= `rows` weight rows from n0, every token r < out.shape[0]. xt (K, ROW_LANES · vectors)
+    holds the tokens across its lanes, so each weight is one broadcast multiplied into `vectors`
+    registers and the rows × vectors sums stay in registers for the whole of K. Every 16 elements
+    (a cache line) the same stretch of the next tile's rows is prefetched into L2: the rows are
+    short, interleaved streams that the hardware prefetcher alone would start too late. w's rows
+    and out's rows are contiguous (each may have its own stride)."""
+    lanes = ROW_LANES * vectors
 
     @intrinsic
     def tile(typingctx, w, xt, out, n0, nr):
         def codegen(context, builder, sig, args):
-            w_t, xt_t, out_t = sig.args[:3]
             wa, xa, oa = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:3], args[:3]))
             n0, nr = args[3], args[4]
             k_len = builder.extract_value(wa.shape, 1)
@@ -160,18 +156,18 @@ def f32_rows_tile(rows: int, vectors: int):
                 r = builder.select(builder.icmp_signed("<", ir.Constant(I64, i), nr), ir.Constant(I64, i), last)
                 at = builder.gep(w_bytes, [builder.mul(builder.add(n0, r), w_stride)])
                 row_ptrs.append(builder.bitcast(at, F32.as_pointer()))
-            acc = [[cgutils.alloca_once_value(builder, _fconst(16, 0.0)) for _ in range(vectors)] for _ in range(rows)]
+            acc = [[cgutils.alloca_once_value(builder, _const(F32, ROW_LANES, 0.0)) for _ in range(vectors)] for _ in range(rows)]
             prefetch = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0i8")
             next_tile = builder.mul(w_stride, ir.Constant(I64, rows))
 
             def step(k):
                 xk = builder.gep(xa.data, [builder.mul(k, ir.Constant(I64, lanes))])
-                xs = [builder.load(builder.bitcast(builder.gep(xk, [ir.Constant(I64, 16 * v)]), _vec(F32, 16).as_pointer()),
+                xs = [builder.load(builder.bitcast(builder.gep(xk, [ir.Constant(I64, ROW_LANES * v)]), _vec(F32, ROW_LANES).as_pointer()),
                                    align=4) for v in range(vectors)]
                 for i in range(rows):
-                    wk = _splat(builder, builder.insert_element(_fconst(1, 0.0), builder.load(builder.gep(row_ptrs[i], [k])),
-                                                                ir.Constant(I32, 0)), 16)
+                    wk = _splat(builder, builder.insert_element(_const(F32, 1, 0.0), builder.load(builder.gep(row_ptrs[i], [k])),
+                                                                ir.Constant(I32, 0)), ROW_LANES)
                     for v in range(vectors):
                         total = builder.fadd(builder.load(acc[i][v]), builder.fmul(wk, xs[v], flags=["fast"]), flags=["fast"])
                         builder.store(total, acc[i][v])
@@ -189,11 +185,11 @@ def f32_rows_tile(rows: int, vectors: int):
                                          ir.Constant(I64, 1)) as (k, _):
                 step(k)
 
-            sums = builder.bitcast(cgutils.alloca_once(builder, _vec(F32, 16), size=rows * vectors), F32.as_pointer())
+            sums = builder.bitcast(cgutils.alloca_once(builder, _vec(F32, ROW_LANES), size=rows * vectors), F32.as_pointer())
             for i in range(rows):
                 for v in range(vectors):
-                    at = builder.gep(sums, [ir.Constant(I64, (i * vectors + v) * 16)])
-                    builder.store(builder.load(acc[i][v]), builder.bitcast(at, _vec(F32, 16).as_pointer()), align=4)
+                    at = builder.gep(sums, [ir.Constant(I64, (i * vectors + v) * ROW_LANES)])
+                    builder.store(builder.load(acc[i][v]), builder.bitcast(at, _vec(F32, ROW_LANES).as_pointer()), align=4)
             out_bytes = builder.bitcast(oa.data, I8.as_pointer())
             out_stride = builder.extract_value(oa.strides, 0)
             with cgutils.for_range(builder, builder.extract_value(oa.shape, 0)) as loop:
