@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from llogos_cli.backends import cpu_rows
 from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request, row_seed
 from llogos_cli.engine.generation import Generation
@@ -16,6 +17,13 @@ from llogos_cli.tokenizer.tokenizer import Tokenizer
 from tests.conftest import FIXTURES, need, relative_error
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen35", "tiny-gemma3"]
+
+
+@pytest.fixture(autouse=True)
+def rows_kernel_on_tiny_matrices(monkeypatch):
+    """The fixtures' matrices are below the size the backend hands to cpu_rows; here it takes them
+    all, so that batches run through the kernel a batched decode of a real model uses."""
+    monkeypatch.setattr(cpu_rows, "MIN_WEIGHTS", 0)
 
 
 def load(name: str) -> tuple[Model, Tokenizer]:

@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
 from bench.synthetic_gguf import random_rows
-from llogos_cli.backends import cpu_quant
+from llogos_cli.backends import cpu_quant, cpu_rows
 from llogos_cli.backends.cpu_quant_dequant import TYPES
 from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.engine.perplexity import perplexity
@@ -32,6 +32,7 @@ def _cols(qtype: T) -> int:
 @pytest.mark.parametrize("qtype", sorted(TYPES, key=int), ids=lambda t: t.name)
 def test_product_matches_dequantize_and_float64(qtype, n_tok, monkeypatch):
     monkeypatch.setattr(cpu_quant, "TILE_ELEMENTS", 7 * _cols(qtype))   # several tiles, the last one short
+    monkeypatch.setattr(cpu_rows, "MIN_WEIGHTS", 0)                      # tiles of any size to cpu_rows
     rng = np.random.default_rng(int(qtype) * 10 + n_tok)
     rows, cols = 37, _cols(qtype)    # rows: more than one kernel chunk (16), not a multiple of it
     raw = random_rows(qtype, rows, cols, rng)

@@ -60,14 +60,23 @@ def test_every_tile_geometry(rows, vectors):
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-4, atol=1e-4)
 
 
+def test_takes_a_few_rows_of_a_large_enough_matrix():
+    big = np.empty((cpu_rows.MIN_WEIGHTS // 64, 64), np.float32)
+    small = big[:-1]
+    assert [cpu_rows.takes(n, big) for n in (0, 1, 2, cpu_rows.MAX_ROWS, cpu_rows.MAX_ROWS + 1)] == \
+        [False, False, True, True, False]
+    assert not cpu_rows.takes(16, small)
+
+
 @pytest.mark.parametrize("batched", (False, True))
 def test_backend_products_agree_with_blas_on_either_side_of_the_few_rows(batched):
-    """One row (a GEMV), 2-64 rows (cpu_rows when batched, else BLAS with the weights on the left),
-    65 (a GEMM): every way gives the BLAS product, C-ordered or not."""
+    """One row (a GEMV), 2-64 rows (cpu_rows when batched and the matrix is large enough, else BLAS
+    with the weights on the left), 65 (a GEMM): every way gives the BLAS product."""
     rng = np.random.default_rng(2)
-    raw = rng.standard_normal((70, 96), dtype=np.float32)
     b = numpy_backend.NumpyBackend(batched=batched)
-    w = b.matrix(raw.view(np.uint8), GGMLQuantizationType.F32, matmul=True)
-    for n_tok in (1, 2, cpu_rows.MAX_ROWS, cpu_rows.MAX_ROWS + 1):
-        x = rng.standard_normal((n_tok, 96), dtype=np.float32)
-        np.testing.assert_allclose(b.matmul(x, w), x @ raw.T, rtol=1e-5, atol=1e-4)
+    for n_out in (70, cpu_rows.MIN_WEIGHTS // 96 + 1):   # either side of MIN_WEIGHTS
+        raw = rng.standard_normal((n_out, 96), dtype=np.float32)
+        w = b.matrix(raw.view(np.uint8), GGMLQuantizationType.F32, matmul=True)
+        for n_tok in (1, 2, cpu_rows.MAX_ROWS, cpu_rows.MAX_ROWS + 1):
+            x = rng.standard_normal((n_tok, 96), dtype=np.float32)
+            np.testing.assert_allclose(b.matmul(x, w), x @ raw.T, rtol=1e-5, atol=1e-4)

@@ -5,7 +5,7 @@ Two shapes of product, chosen by the number of tokens (measured crossover, see d
   and dotted with every token's activations while it is in cache (cpu_quant_dot), rows shared
   out over every core;
 - more tokens (batched decode, prefill): tiles of rows are expanded to float32 (cpu_quant_dequant)
-  into one reused buffer and multiplied there, by cpu_rows up to its 64 rows, else by BLAS, so
+  into one reused buffer and multiplied there, by cpu_rows for 2-64 rows, else by BLAS, so
   expanding a weight is paid once per tile, not once per token.
 F16 and BF16 matrices always take the tile path.
 """
@@ -79,7 +79,7 @@ class QuantMatmul:
             r1 = min(rows, r0 + step)
             tile = self._tile[:(r1 - r0) * cols].reshape(r1 - r0, cols)
             cpu_quant_dequant.dequantize_rows(raw[r0:r1], int(qtype), tile)
-            if x.shape[0] <= cpu_rows.MAX_ROWS:
+            if cpu_rows.takes(x.shape[0], tile):
                 cpu_rows.matmul_rows(x, tile, out[:, r0:r1])
             else:
                 out[:, r0:r1] = x @ tile.T

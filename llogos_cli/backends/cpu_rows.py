@@ -16,6 +16,11 @@ from llogos_cli.backends.cpu_jit import parallel_kernel, prange
 from llogos_cli.backends.cpu_simd import ROW_LANES, f32_rows_tile
 
 MAX_ROWS = 4 * ROW_LANES
+# A matrix of fewer weights is left to BLAS: it is not what streaming from memory is about, and a
+# parallel call (~10 us, and on a busy machine a wait for a descheduled thread at its end) costs
+# more than OpenBLAS's single-threaded product. Tiny test models ran 14x slower beside two busy
+# processes when every product took the kernel (docs/PERF.md).
+MIN_WEIGHTS = 1 << 16
 # Weight rows per tile for 1-4 vectors of tokens: rows x vectors sums plus the vectors and one
 # broadcast fill the 32 vector registers of AVX-512; elsewhere a 16-lane vector takes two
 # registers of 16 and the tiles shrink to fit.
@@ -46,6 +51,11 @@ def _product(x, w, xt, out):
             _TILE_3(w, xt, out, n0, nr)
         else:
             _TILE_4(w, xt, out, n0, nr)
+
+
+def takes(n_tok: int, w: np.ndarray) -> bool:
+    """Whether a product of n_tok rows with w is this kernel's to do."""
+    return 1 < n_tok <= MAX_ROWS and w.size >= MIN_WEIGHTS
 
 
 def matmul_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

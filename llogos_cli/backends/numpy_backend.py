@@ -2,8 +2,8 @@
 
 Two ways to hold the matrices used in products (`weights`, chosen by the loader):
 - "f32": expanded once to float32; a product is one BLAS call, or, when several sequences decode
-  together (`batched`), for 2-64 rows the compiled kernel of cpu_rows, which streams the weights
-  once as a GEMV does. Decode is then bounded by streaming 4 bytes a weight from memory (see
+  together (`batched`), for 2-64 rows of a matrix of 64 K weights or more the compiled kernel of
+  cpu_rows, which streams the weights once as a GEMV does. Decode is then bounded by streaming 4 bytes a weight from memory (see
   docs/PERF.md). The reference.
 - "quantized": left in their GGUF blocks in the memory map and multiplied by the compiled kernels
   of cpu_quant; memory is the file's size.
@@ -62,8 +62,7 @@ class NumpyBackend(AttentionOps, RecurrentOps):
         self._rows = None
         if batched:
             from llogos_cli.backends import cpu_rows
-            assert cpu_rows.MAX_ROWS >= _FEW_ROWS
-            self._rows = cpu_rows.matmul_rows
+            self._rows = cpu_rows
         if weights == "quantized":   # imported here: numba's import and kernels cost the f32 path nothing
             from llogos_cli.backends.cpu_quant import QuantMatmul
             self._quant = QuantMatmul()
@@ -101,9 +100,11 @@ class NumpyBackend(AttentionOps, RecurrentOps):
 
     def matmul(self, x: np.ndarray, w: Matrix) -> np.ndarray:
         if w.dense is not None:
+            if self._rows is not None and self._rows.takes(x.shape[0], w.dense):
+                return self._rows.matmul_rows(x, w.dense)
             if not 1 < x.shape[0] <= _FEW_ROWS:
                 return x @ w.dense.T
-            return (w.dense @ x.T).T if self._rows is None else self._rows(x, w.dense)
+            return (w.dense @ x.T).T
         return self._quant(x, w.raw, w.qtype)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
