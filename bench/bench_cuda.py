@@ -1,15 +1,17 @@
 """CUDA benchmark on synthetic models with the shapes and tensor types of real ones.
 
-    python bench/bench_cuda.py [--models smollm2-135m,llama-1b,llama-8b] [--batch-sizes 1,4,16,64]
-                               [--llama-cpp] [--dir DIR] [--json FILE]
+    python bench/bench_cuda.py [--models smollm2-135m,llama-1b,llama-8b,qwen35-0.8b]
+                               [--batch-sizes 1,4,16,64] [--llama-cpp] [--dir DIR] [--json FILE]
 
 Each model is written once as a GGUF of random weights (under --dir), loaded on the GPU, and
 measured: decode tok/s of one sequence (eager, and replayed from a CUDA graph), prefill tok/s of a
-512-token prompt, time to first token, the bandwidth decode achieves (weight bytes read per token
-/ time per token) against the card's device-to-device copy bandwidth, per-kernel GPU times of one
-decode step and one prefill, and batched decoding as llama-batched-bench runs it: B sequences of
-128 prompt tokens each, then 128 steps of B rows (aggregate tok/s). With --llama-cpp, llama-bench
-and llama-batched-bench (on PATH) run on the same files. Prints Markdown tables for docs/PERF.md.
+512-token prompt, time to first token of a 5-token prompt, the bandwidth decode achieves (weight
+bytes read per token / time per token) against the card's device-to-device copy bandwidth, where
+a decode step's time goes (per-kernel GPU times, graph replay, host), per-kernel GPU times of one
+prefill, and batched decoding as llama-batched-bench runs it: B sequences of 128 prompt tokens
+each, then 128 steps of B rows (aggregate tok/s). With --llama-cpp, llama-bench and
+llama-batched-bench (on PATH) run on the same files. Prints Markdown tables for docs/PERF.md;
+--json writes the record that is committed as bench/results/cuda-h100.json.
 """
 
 import argparse
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import llama_cpp  # beside this script, as synthetic
 import numpy as np
-from synthetic import SPECS, Spec, model_file
+from gguf import GGMLQuantizationType as Q
+from synthetic import SPECS, RandomBytes, Spec, model_file, random_matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,6 +35,7 @@ from llogos_cli.model.forward import Batch, Model  # noqa: E402
 
 PROMPT_TOKENS = 512
 DECODE_TOKENS = 128
+TTFT_TOKENS = 5                         # time to first token is taken for a prompt this long
 BATCH_PROMPT, BATCH_DECODE = 128, 128  # per sequence, as llama-batched-bench -npp 128 -ntg 128
 PREFILL_BATCH = 2048                    # prompt tokens per forward pass, as llama.cpp's -b 2048
 
@@ -90,12 +94,48 @@ class KernelTimes:
         return rows + [("(rest of the wall time)", 0, total_ms - sum(ms.values()))]
 
 
-def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]) -> dict:
+def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), rows: int = 14336, cols: int = 4096,
+                   reps: int = 40, backend=None) -> list[dict]:
+    """The matrix-vector kernels alone, per weight type, on Llama-3.1-8B's ffn_up shape (14336 x
+    4096): median GPU time of a launch over four copies of the matrix in turn (so that the weights
+    come from memory, not from the 50 MB L2), the weight bytes streamed per second, and that as a
+    fraction of the copy bandwidth. 1 token is decode; 4 and 8 a short batch."""
+    import cupy
+
+    from llogos_cli.backends import cuda_matmul
+    from llogos_cli.backends.cuda_backend import CudaBackend
+
+    b, src = backend or CudaBackend(), RandomBytes(1)
+    out = []
+    for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16):
+        copies = [b.matrix(random_matrix(src, qtype, rows, cols), qtype, True) for _ in range(4)]
+        for n in tokens:
+            x = cupy.asarray(src.rng.standard_normal((n, cols), np.float32))
+            y = cupy.empty((n, rows), np.float32)
+            times = []
+            for i in range(4 + reps):
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record()
+                cuda_matmul.matvec(b.k, x, copies[i % 4], y)
+                end.record()
+                end.synchronize()
+                if i >= 4:  # the first round compiles and warms up
+                    times.append(cupy.cuda.get_elapsed_time(start, end))
+            ms = float(np.median(times))
+            gb_s = copies[0].raw.nbytes / ms / 1e6
+            out.append({"type": qtype.name, "rows": rows, "cols": cols, "tokens": n, "us": 1e3 * ms,
+                        "GB_s": gb_s, "bandwidth_fraction": gb_s / bandwidth})
+        del copies
+        cupy.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int], backend=None) -> dict:
     import cupy
 
     from llogos_cli.backends.cuda_backend import CudaBackend
 
-    b = CudaBackend()
+    b = backend or CudaBackend()
     t = time.perf_counter()
     model = Model(GGUFFile(path), b)
     b.synchronize()
@@ -103,15 +143,13 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
     ids = np.random.default_rng(0).integers(2, spec.n_vocab, PROMPT_TOKENS + DECODE_TOKENS).astype(np.int32)
     n_ctx = PROMPT_TOKENS + DECODE_TOKENS + 16
 
-    def prefill():
+    def prefill(n: int) -> float:
+        """Seconds from a fresh context to the first token of an n-token prompt on the host."""
         ctx = model.new_context(n_ctx, "f16", "f16")
         b.synchronize()
         t0 = time.perf_counter()
-        logits = model.forward_seq(ctx, ids[:PROMPT_TOKENS])
-        b.synchronize()
-        t1 = time.perf_counter()
-        b.argmax_rows(logits)
-        return t1 - t0, time.perf_counter() - t0
+        b.argmax_rows(model.forward_seq(ctx, ids[:n]))
+        return time.perf_counter() - t0
 
     def decode(graph: bool):
         ctx = model.new_context(n_ctx, "f16", "f16")
@@ -130,11 +168,13 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
         t0 = time.perf_counter()
         for _ in range(DECODE_TOKENS):
             token = one(token)
-        return DECODE_TOKENS / (time.perf_counter() - t0)
+        tok_s = DECODE_TOKENS / (time.perf_counter() - t0)
+        return tok_s, (replay_ms(step, ctx) if graph else None)
 
-    prefill()  # compile kernels, initialize cuBLAS
-    prefill_s, ttft_s = min(prefill() for _ in range(3))
-    eager, graphed = decode(False), decode(True)
+    prefill(PROMPT_TOKENS)  # compile kernels, initialize cuBLAS
+    prefill_tok_s = PROMPT_TOKENS / min(prefill(PROMPT_TOKENS) for _ in range(3))
+    ttft_ms = 1e3 * min(prefill(TTFT_TOKENS) for _ in range(5))
+    (eager, _), (graphed, replay) = decode(False), decode(True)
     best = max(eager, graphed)
 
     ctx = model.new_context(n_ctx, "f16", "f16")
@@ -146,17 +186,40 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
         b.synchronize()
         decode_ms = (time.perf_counter() - t0) * 1e3
     with KernelTimes(b) as prefill_kernels:
-        timed_prefill_s, _ = prefill()
+        t0 = time.perf_counter()
+        prefill(PROMPT_TOKENS)
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+    kernels = decode_kernels.table(decode_ms)
     return {
         "model": spec.name, "weights_GB": model.weight_bytes / 1e9, "load_s": load_s,
-        "prefill_tok_s": PROMPT_TOKENS / prefill_s, "ttft_ms": ttft_s * 1e3,
-        "decode_tok_s_eager": eager, "decode_tok_s_graph": graphed,
-        "decode_GB_s": model.weight_bytes * best / 1e9, "decode_bandwidth_share": model.weight_bytes * best / 1e9 / bandwidth,
-        "decode_kernels": decode_kernels.table(decode_ms),
-        "prefill_kernels": prefill_kernels.table(timed_prefill_s * 1e3),
+        "prefill_tok_s": prefill_tok_s, "ttft_ms": ttft_ms,
+        "decode_tok_s": best, "decode_tok_s_eager": eager, "decode_tok_s_graph": graphed,
+        "decode_GB_s": model.weight_bytes * best / 1e9, "bandwidth_fraction": model.weight_bytes * best / 1e9 / bandwidth,
+        # Where a decode step's time goes: the kernels' own GPU time (eager, one event pair each), the
+        # weight products' share of it, one graph replay's GPU time, and the wall time per token
+        # either way (host work between).
+        "decode_step_ms": {"kernels_gpu": sum(ms for _, count, ms in kernels if count),
+                           "matvec_gpu": sum(ms for name, _, ms in kernels if name.startswith("matvec")),
+                           "graph_replay_gpu": replay, "graph_wall": 1e3 / graphed, "eager_wall": 1e3 / eager},
+        "decode_kernels": kernels,
+        "prefill_kernels": prefill_kernels.table(prefill_ms),
         "batched": [bench_batched(model, n) for n in batch_sizes],
         "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
     }
+
+
+def replay_ms(step, ctx, reps: int = 50) -> float:
+    """Median GPU time of one graph replay (its input copies included), from CUDA events."""
+    import cupy
+    times = []
+    for _ in range(reps):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        step(np.array([5], np.int32), np.zeros(1, np.int32), np.array([ctx.n_past], np.int32))
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
 
 
 def bench_batched(model: Model, n: int) -> dict:
@@ -188,7 +251,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,4,16,64", help="sequences decoded at once (batched figures)")
     parser.add_argument("--llama-cpp", action="store_true", help="also run llama-bench and llama-batched-bench from PATH")
     parser.add_argument("--dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "llogos-bench")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="write the record (see record()) here, after every model")
+    parser.add_argument("--commit", default=os.environ.get("LLOGOS_COMMIT"), help="llogos commit measured (default: git's HEAD)")
     args = parser.parse_args()
     batch_sizes = [int(n) for n in args.batch_sizes.split(",") if n]
     from llogos_cli.backends import cuda_available
@@ -200,36 +264,79 @@ def main() -> None:
         sys.exit("--llama-cpp: llama-bench and llama-batched-bench are not on PATH (source llama-env.sh)")
     args.dir.mkdir(parents=True, exist_ok=True)
     bandwidth = copy_bandwidth(cupy)
+    products = bench_products(bandwidth)
     results = []
     for name in args.models.split(","):
         path = model_file(SPECS[name], args.dir)
         reference = None
         if args.llama_cpp:  # first, while llogos holds no GPU memory
             try:
-                reference = {"single": llama_cpp.single(path, PROMPT_TOKENS, DECODE_TOKENS),
+                reference = {"single": llama_cpp.single(path, PROMPT_TOKENS, DECODE_TOKENS, TTFT_TOKENS),
                              "batched": llama_cpp.batched(path, BATCH_PROMPT, BATCH_DECODE, batch_sizes)}
             except (OSError, RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
                 print(f"llama.cpp on {name}: {e}", file=sys.stderr)  # llogos' own figures still count
         results.append({**bench_model(SPECS[name], path, bandwidth, batch_sizes), "llama_cpp": reference})
         cupy.get_default_memory_pool().free_all_blocks()
         if args.json:  # after every model, so that a run cut short keeps what it measured
-            args.json.write_text(json.dumps(results, indent=1))
-    report(results, bandwidth)
+            args.json.write_text(json.dumps(record(results, products, bandwidth, args.commit or git_commit()), indent=1))
+    report(results, products, bandwidth)
 
 
-def report(results: list[dict], bandwidth: float) -> None:
-    def num(value) -> str:
-        return "-" if value is None else f"{value:.0f}"
+def git_commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False,
+                          cwd=Path(__file__).parent)
+    return done.stdout.strip() or None
 
-    print(f"device: {results[0]['device']}, device-to-device copy: {bandwidth:.0f} GB/s\n")
-    print("| model | weights GB | prefill 512 tok/s (llama.cpp) | TTFT ms | decode tok/s eager / graph (llama.cpp) "
-          "| decode GB/s | of copy BW |")
-    print("|---|---|---|---|---|---|---|")
+
+def record(results: list[dict], products: list[dict], bandwidth: float, commit: str | None) -> dict:
+    """The machine-readable record (bench/results/cuda-h100.json): per model, llogos' and
+    llama.cpp's decode tok/s at batch 1, prefill tok/s of 512 tokens, time to first token of a
+    TTFT_TOKENS prompt and decode bandwidth as a fraction of the copy bandwidth, then the detail;
+    and the product kernels alone per weight type (bench_products)."""
+    models = {}
+    for r in results:
+        theirs = (r["llama_cpp"] or {}).get("single")
+        llamacpp = None if theirs is None else {
+            "decode_tok_s": theirs["decode_tok_s"], "prefill_tok_s": theirs["prefill_tok_s"],
+            "ttft_ms": theirs["ttft_ms"], "build": theirs["build"],
+            "bandwidth_fraction": r["weights_GB"] * theirs["decode_tok_s"] / bandwidth}
+        batched_theirs = {row["B"]: row for row in (r["llama_cpp"] or {}).get("batched", [])}
+        models[r["model"]] = {
+            "weights_GB": r["weights_GB"],
+            "llogos": {key: r[key] for key in ("decode_tok_s", "prefill_tok_s", "ttft_ms", "bandwidth_fraction",
+                                               "decode_tok_s_eager", "decode_tok_s_graph", "decode_GB_s", "load_s",
+                                               "decode_step_ms")},
+            "llamacpp": llamacpp,
+            "batched": [{"B": row["B"], "llogos": row, "llamacpp": batched_theirs.get(row["B"])} for row in r["batched"]],
+            "decode_kernels": r["decode_kernels"], "prefill_kernels": r["prefill_kernels"],
+        }
+    return {"gpu": results[0]["device"], "date": time.strftime("%Y-%m-%d"), "commit": commit,
+            "copy_bandwidth_GB_s": bandwidth, "prompt_tokens": PROMPT_TOKENS, "decode_tokens": DECODE_TOKENS,
+            "ttft_prompt_tokens": TTFT_TOKENS, "models": models, "products": products}
+
+
+def report(results: list[dict], products: list[dict], bandwidth: float) -> None:
+    def num(value, digits: int = 0) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    print(f"device: {results[0]['device']}, device-to-device copy: {bandwidth:.0f} GB/s; llama.cpp's figures in brackets\n")
+    print(f"| model | weights GB | prefill {PROMPT_TOKENS} tok/s | TTFT {TTFT_TOKENS} tok ms | decode tok/s "
+          "eager / graph | of copy BW |")
+    print("|---|---|---|---|---|---|")
     for r in results:
         theirs = (r["llama_cpp"] or {}).get("single", {})
+        share = None if "decode_tok_s" not in theirs else 100 * r["weights_GB"] * theirs["decode_tok_s"] / bandwidth
         print(f"| {r['model']} | {r['weights_GB']:.2f} | {r['prefill_tok_s']:.0f} ({num(theirs.get('prefill_tok_s'))}) "
-              f"| {r['ttft_ms']:.1f} | {r['decode_tok_s_eager']:.0f} / {r['decode_tok_s_graph']:.0f} "
-              f"({num(theirs.get('decode_tok_s'))}) | {r['decode_GB_s']:.0f} | {100 * r['decode_bandwidth_share']:.0f}% |")
+              f"| {r['ttft_ms']:.1f} ({num(theirs.get('ttft_ms'), 1)}) | {r['decode_tok_s_eager']:.0f} / "
+              f"{r['decode_tok_s_graph']:.0f} ({num(theirs.get('decode_tok_s'))}) "
+              f"| {100 * r['bandwidth_fraction']:.0f}% ({num(share)}%) |")
+    print("\nA decode step, ms: its kernels' GPU time (eager), the weight products' share (and the weight bytes "
+          "they stream per second), one graph replay's GPU time, wall time per token from the graph and eagerly.\n\n"
+          "| model | kernels | products | graph replay | graph wall | eager wall |\n|---|---|---|---|---|---|")
+    for r in results:
+        t = r["decode_step_ms"]
+        print(f"| {r['model']} | {t['kernels_gpu']:.3f} | {t['matvec_gpu']:.3f} ({r['weights_GB'] / t['matvec_gpu'] * 1e3:.0f} GB/s) "
+              f"| {t['graph_replay_gpu']:.3f} | {t['graph_wall']:.3f} | {t['eager_wall']:.3f} |")
     print(f"\nBatched: B sequences of {BATCH_PROMPT} prompt tokens, then {BATCH_DECODE} steps of B rows; "
           "aggregate tok/s, llama-batched-bench's in brackets.\n")
     print("| model | B | prefill tok/s | decode tok/s |\n|---|---|---|---|")
@@ -239,8 +346,17 @@ def report(results: list[dict], bandwidth: float) -> None:
             other = theirs.get(row["B"], {})
             print(f"| {r['model']} | {row['B']} | {row['prefill_tok_s']:.0f} ({num(other.get('prefill_tok_s'))}) "
                   f"| {row['decode_tok_s']:.0f} ({num(other.get('decode_tok_s'))}) |")
-    print("\nTargets on an H100: llama-8b decode at >= 50% of the copy bandwidth and prefill >= 3,000 tok/s; "
-          "smollm2-135m decode >= 500 tok/s.")
+    print(f"\nThe product kernels alone, {products[0]['rows']} x {products[0]['cols']} weights: us a launch, weight GB/s "
+          "(share of the copy bandwidth).\n\n| type | " + " | ".join(f"{n} token{'s' * (n > 1)}" for n in
+                                                      sorted({p['tokens'] for p in products})) + " |")
+    by_type = defaultdict(list)
+    for p in products:
+        by_type[p["type"]].append(f"{p['us']:.1f} us, {p['GB_s']:.0f} GB/s ({100 * p['bandwidth_fraction']:.0f}%)")
+    print("|---" * (1 + len(next(iter(by_type.values())))) + "|")
+    for name, cells in by_type.items():
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\nTargets on an H100, against llama.cpp in the same run: decode >= 1.0x on every model and >= 75% of "
+          "the bandwidth on llama-8b; prefill >= 1.0x on llama-1b and llama-8b; TTFT < 20 ms on llama-1b.")
     for r in results:
         for phase in ("decode", "prefill"):
             print(f"\n{r['model']}, {phase} kernels:\n\n| kernel | launches | ms |\n|---|---|---|")

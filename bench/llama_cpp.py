@@ -23,13 +23,16 @@ def _run(cmd: list[str]) -> tuple[str, str]:
     return done.stdout, done.stderr
 
 
-def single(path, n_prompt: int, n_gen: int, reps: int = 3) -> dict:
-    """{"prefill_tok_s", "decode_tok_s", "build"} of one sequence, f16 KV cache (llama-bench's default)."""
-    out, _ = _run(["llama-bench", "-m", str(path), "-ngl", "99", "-fa", "1", "-p", str(n_prompt),
+def single(path, n_prompt: int, n_gen: int, n_first: int, reps: int = 3) -> dict:
+    """{"prefill_tok_s", "decode_tok_s", "ttft_ms", "build"} of one sequence, f16 KV cache (llama-bench's
+    default); ttft_ms is the time of an n_first-token prompt (llama-bench's pp<n_first>): it ends
+    with the first token's logits."""
+    out, _ = _run(["llama-bench", "-m", str(path), "-ngl", "99", "-fa", "1", "-p", f"{n_prompt},{n_first}",
                    "-n", str(n_gen), "-r", str(reps), "-o", "json"])
     rows = json.loads(out)
-    pick = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in rows}
-    return {"prefill_tok_s": pick[(n_prompt, 0)], "decode_tok_s": pick[(0, n_gen)], "build": rows[0].get("build_commit")}
+    pick = {(r["n_prompt"], r["n_gen"]): r for r in rows}
+    return {"prefill_tok_s": pick[(n_prompt, 0)]["avg_ts"], "decode_tok_s": pick[(0, n_gen)]["avg_ts"],
+            "ttft_ms": pick[(n_first, 0)]["avg_ns"] / 1e6, "build": rows[0].get("build_commit")}
 
 
 def batched(path, n_prompt: int, n_gen: int, batch_sizes: list[int]) -> list[dict]:

@@ -1,5 +1,6 @@
 """Synthetic models for the CUDA benchmark and tests: GGUF files of random weights with the shapes
-and tensor types of real ones (SmolLM2-135M as shipped, Llama 3.2 1B and Llama 3.1 8B in Q4_K_M).
+and tensor types of real ones (SmolLM2-135M as shipped; Llama 3.2 1B, Llama 3.1 8B and the
+Qwen3.5-0.8B hybrid in Q4_K_M).
 
     python bench/synthetic.py smollm2-135m DIR     writes DIR/smollm2-135m-v<FORMAT_VERSION>.gguf
 """
@@ -18,6 +19,17 @@ FORMAT_VERSION = 2  # bump to regenerate cached files
 
 
 @dataclass(frozen=True)
+class Hybrid:
+    """Qwen3.5's Gated DeltaNet layers: three of every four layers, full attention in the fourth."""
+    n_k_heads: int
+    n_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int = 4
+    interval: int = 4       # every interval-th layer is full attention
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str
     n_vocab: int
@@ -29,6 +41,20 @@ class Spec:
     rope_base: float
     tied: bool          # the LM head is token_embd
     mix: str            # "q4_1" (SmolLM2 as shipped) or "q4_k_m"
+    head_dim: int = 0   # 0: n_embd // n_head
+    rope_dims: int = 0  # 0: all of head_dim
+    hybrid: Hybrid | None = None
+
+    @property
+    def arch(self) -> str:
+        return "qwen35" if self.hybrid else "llama"
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
+
+    def recurrent(self, layer: int) -> bool:
+        return self.hybrid is not None and (layer + 1) % self.hybrid.interval != 0
 
     def qtype(self, name: str, layer: int) -> Q:
         if self.mix == "q4_1":
@@ -46,6 +72,10 @@ SPECS = {
     "smollm2-135m": Spec("smollm2-135m", 49152, 576, 30, 9, 3, 1536, 100000.0, True, "q4_1"),
     "llama-1b": Spec("llama-1b", 128256, 2048, 16, 32, 8, 8192, 500000.0, True, "q4_k_m"),
     "llama-8b": Spec("llama-8b", 128256, 4096, 32, 32, 8, 14336, 500000.0, False, "q4_k_m"),
+    # Qwen3.5-0.8B's text model: gated attention of 8 heads of 256 (a quarter of each rotated) in
+    # every fourth layer, Gated DeltaNet of 16 heads of 128 in the others.
+    "qwen35-0.8b": Spec("qwen35-0.8b", 248320, 1024, 24, 8, 2, 3584, 1e7, True, "q4_k_m",
+                        head_dim=256, rope_dims=64, hybrid=Hybrid(16, 16, 128, 128)),
 }
 
 # Values of the float16 scale fields per block type (byte offset, value): weights of standard
@@ -82,10 +112,24 @@ def random_matrix(src: RandomBytes, qtype: Q, rows: int, cols: int) -> np.ndarra
     return raw.reshape(rows, -1)
 
 
+def layer_matrices(spec: Spec, layer: int) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of layer's weight matrices."""
+    e, hd = spec.n_embd, spec.d_head
+    ffn = [("ffn_gate", spec.n_ff, e), ("ffn_up", spec.n_ff, e), ("ffn_down", e, spec.n_ff)]
+    if spec.recurrent(layer):
+        h = spec.hybrid
+        value = h.n_v_heads * h.head_v_dim
+        return [("attn_qkv", 2 * h.n_k_heads * h.head_k_dim + value, e), ("attn_gate", value, e),
+                ("ssm_alpha", h.n_v_heads, e), ("ssm_beta", h.n_v_heads, e), ("ssm_out", e, value), *ffn]
+    q_rows = spec.n_head * hd * (2 if spec.hybrid else 1)  # qwen35's queries carry their output gate
+    return [("attn_q", q_rows, e), ("attn_k", spec.n_kv * hd, e), ("attn_v", spec.n_kv * hd, e),
+            ("attn_output", e, spec.n_head * hd), *ffn]
+
+
 def write_model(spec: Spec, path: Path) -> Path:
     """Write spec's GGUF of random weights to path (atomically); return path."""
-    head_dim = spec.n_embd // spec.n_head
-    w = GGUFWriter(str(path) + ".tmp", "llama")
+    hd = spec.d_head
+    w = GGUFWriter(str(path) + ".tmp", spec.arch)
     w.add_name(f"synthetic {spec.name}")
     w.add_context_length(8192)
     w.add_embedding_length(spec.n_embd)
@@ -93,9 +137,21 @@ def write_model(spec: Spec, path: Path) -> Path:
     w.add_feed_forward_length(spec.n_ff)
     w.add_head_count(spec.n_head)
     w.add_head_count_kv(spec.n_kv)
+    if spec.head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_rope_freq_base(spec.rope_base)
-    w.add_rope_dimension_count(head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(spec.rope_dims or hd)
+    w.add_layer_norm_rms_eps(1e-5 if spec.arch == "llama" else 1e-6)
+    if spec.hybrid:
+        h = spec.hybrid
+        w.add_ssm_conv_kernel(h.conv_kernel)
+        w.add_ssm_state_size(h.head_k_dim)
+        w.add_ssm_group_count(h.n_k_heads)
+        w.add_ssm_time_step_rank(h.n_v_heads)
+        w.add_ssm_inner_size(h.n_v_heads * h.head_v_dim)
+        w.add_uint32(f"{spec.arch}.full_attention_interval", h.interval)
+        w.add_rope_dimension_sections([11, 11, 10, 0])  # text positions: every section the same
     w.add_vocab_size(spec.n_vocab)
     w.add_tokenizer_model("gpt2")
     w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, spec.n_vocab)])
@@ -110,8 +166,11 @@ def write_model(spec: Spec, path: Path) -> Path:
         qtype = spec.qtype(name, layer)
         w.add_tensor(f"{prefix}{name}.weight", random_matrix(src, qtype, rows, cols), raw_dtype=qtype)
 
-    def norm(name: str):
-        w.add_tensor(name, (1 + 0.1 * src.rng.standard_normal(spec.n_embd)).astype(np.float32))
+    def vector(name: str, values: np.ndarray):
+        w.add_tensor(name, values.astype(np.float32))
+
+    def norm(name: str, n: int = spec.n_embd):
+        vector(name, 1 + 0.1 * src.rng.standard_normal(n))
 
     matrix("token_embd", 0, spec.n_vocab, spec.n_embd)
     norm("output_norm.weight")
@@ -120,14 +179,19 @@ def write_model(spec: Spec, path: Path) -> Path:
     for il in range(spec.n_layer):
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
-        norm(p + "ffn_norm.weight")
-        for name, rows, cols in (("attn_q", spec.n_head * head_dim, spec.n_embd),
-                                 ("attn_k", spec.n_kv * head_dim, spec.n_embd),
-                                 ("attn_v", spec.n_kv * head_dim, spec.n_embd),
-                                 ("attn_output", spec.n_embd, spec.n_head * head_dim),
-                                 ("ffn_gate", spec.n_ff, spec.n_embd), ("ffn_up", spec.n_ff, spec.n_embd),
-                                 ("ffn_down", spec.n_embd, spec.n_ff)):
+        norm(p + ("post_attention_norm.weight" if spec.hybrid else "ffn_norm.weight"))
+        for name, rows, cols in layer_matrices(spec, il):
             matrix(name, il, rows, cols, p)
+        if spec.recurrent(il):
+            h = spec.hybrid
+            channels = 2 * h.n_k_heads * h.head_k_dim + h.n_v_heads * h.head_v_dim
+            vector(p + "ssm_conv1d.weight", 0.3 * src.rng.standard_normal((channels, h.conv_kernel)))
+            vector(p + "ssm_a", -src.rng.uniform(0.5, 4.0, h.n_v_heads))   # decay rates: -exp(A_log)
+            vector(p + "ssm_dt.bias", src.rng.uniform(-1.0, 1.0, h.n_v_heads))
+            norm(p + "ssm_norm.weight", h.head_v_dim)
+        elif spec.hybrid:
+            norm(p + "attn_q_norm.weight", hd)
+            norm(p + "attn_k_norm.weight", hd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as T
 
-from bench.synthetic import SPECS, Spec
+from bench.synthetic import SPECS, Spec, layer_matrices
 from llogos_cli.paths import cache_dir
 
 # Byte offsets of the float16 scales in each type's block: random bytes there could be inf or NaN.
@@ -41,14 +41,12 @@ def random_rows(qtype: T, rows: int, cols: int, rng: np.random.Generator, scale:
 
 def _tensors(spec: Spec) -> list[tuple[str, int, int, T]]:
     """(name, rows, cols, type) of every matrix, in file order; types by spec's Q4_K_M mix."""
-    e, kv = spec.n_embd, spec.n_kv * (spec.n_embd // spec.n_head)
-    out = [("token_embd.weight", spec.n_vocab, e, spec.qtype("token_embd", 0))]
+    out = [("token_embd.weight", spec.n_vocab, spec.n_embd, spec.qtype("token_embd", 0))]
     if not spec.tied:
-        out.append(("output.weight", spec.n_vocab, e, spec.qtype("output", 0)))
+        out.append(("output.weight", spec.n_vocab, spec.n_embd, spec.qtype("output", 0)))
     for il in range(spec.n_layer):
-        for name, rows, cols in (("attn_q", e, e), ("attn_k", kv, e), ("attn_v", kv, e), ("attn_output", e, e),
-                                 ("ffn_gate", spec.n_ff, e), ("ffn_up", spec.n_ff, e), ("ffn_down", e, spec.n_ff)):
-            out.append((f"blk.{il}.{name}.weight", rows, cols, spec.qtype(name, il)))
+        out += [(f"blk.{il}.{name}.weight", rows, cols, spec.qtype(name, il))
+                for name, rows, cols in layer_matrices(spec, il)]
     return out
 
 
@@ -103,7 +101,7 @@ def write_model(shape: str, out: Path) -> Path:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=[n for n in SPECS if SPECS[n].mix == "q4_k_m"])
+    ap.add_argument("shape", choices=[n for n, s in SPECS.items() if s.mix == "q4_k_m" and s.arch == "llama"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     print(write_model(args.shape, args.out or cache_dir("bench")))

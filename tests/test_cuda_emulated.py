@@ -137,13 +137,19 @@ def test_quantized_weights_stay_quantized(backend):
 
 
 # ------------------------------------------------------------------ the benchmark's models
-@pytest.mark.parametrize("mix, types", [("q4_k_m", {T.F32, T.Q4_K, T.Q6_K}), ("q4_1", {T.F32, T.Q4_1, T.Q8_0})])
-def test_bench_models_load_and_run(backend, tmp_path, mix, types):
+@pytest.mark.parametrize("mix, hybrid, types", [("q4_k_m", False, {T.F32, T.Q4_K, T.Q6_K}),
+                                               ("q4_1", False, {T.F32, T.Q4_1, T.Q8_0}),
+                                               ("q4_k_m", True, {T.F32, T.Q4_K, T.Q6_K})])
+def test_bench_models_load_and_run(backend, tmp_path, mix, hybrid, types):
     bench = load_bench()
-    spec = bench.Spec("tiny", 300, 256, 3, 4, 2, 512, 10000.0, tied=mix == "q4_1", mix=mix)
+    # The hybrid as Qwen3.5's: DeltaNet layers 0-2, gated attention with partial rotation in 3.
+    shape = dict(head_dim=64, rope_dims=16, hybrid=bench.Hybrid(2, 4, 64, 64)) if hybrid else {}
+    spec = bench.Spec("tiny", 300, 256, 4 if hybrid else 3, 4, 2, 512, 10000.0, tied=mix == "q4_1" or hybrid,
+                      mix=mix, **shape)
     f = GGUFFile(bench.write_model(spec, tmp_path / "tiny.gguf"))
     assert {t.ggml_type for t in f.tensors.values()} == types
     cpu, gpu = Model(f, CPU), Model(f, backend)
+    assert gpu.cfg.recurrent == ((True, True, True, False) if hybrid else (False,) * 3)
     ids = np.arange(5, dtype=np.int32) * 7
     want = cpu.forward_seq(cpu.new_context(16), ids, all_logits=True)
     got = backend.to_host(gpu.forward_seq(gpu.new_context(16, "f32", "f32"), ids, all_logits=True))

@@ -1,19 +1,25 @@
 """The CUDA backend on a GPU: the operation and whole-model checks shared with the emulated tests
-(emu/op_suite.py, emu/model_suite.py), and synthetic models of real shapes against the CPU
-backend. Skipped without CuPy and a GPU."""
+(emu/op_suite.py, emu/model_suite.py), synthetic models of real shapes against the CPU backend,
+the command line with --backend cuda, and the real SmolLM2 against the reference outputs where
+it is installed. Skipped without CuPy and a GPU."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
 from llogos_cli.backends import cuda_available
+from llogos_cli.engine.sampling import log_softmax
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Batch, Model
+from tests.conftest import FIXTURES, REFERENCE, need
+from tests.conftest import reference as reference_outputs  # op_suite has a reference() of its own
 from tests.emu.model_suite import *  # noqa: F401,F403 (the shared whole-model tests)
 from tests.emu.model_suite import load_bench, relative
 from tests.emu.op_suite import *  # noqa: F401,F403 (the shared operation tests)
 from tests.emu.op_suite import CPU
+from tests.test_cli import env, llogos  # noqa: F401 (env is a fixture)
 
 pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA GPU")
 
@@ -26,14 +32,16 @@ def backend():
 
 @pytest.fixture(scope="module")
 def real_shapes(tmp_path_factory) -> dict:
-    """SmolLM2-135M as shipped (Q4_1, Q8_0 embeddings), and two layers of Llama-3.1-8B in Q4_K_M."""
+    """SmolLM2-135M as shipped (Q4_1, Q8_0 embeddings), two layers of Llama-3.1-8B in Q4_K_M, and
+    the first four layers of the Qwen3.5-0.8B hybrid (three DeltaNet, one attention)."""
     bench, folder = load_bench(), tmp_path_factory.mktemp("models")
     specs = {"smollm2-135m": bench.SPECS["smollm2-135m"],
-             "llama-8b-2-layers": dataclasses.replace(bench.SPECS["llama-8b"], n_layer=2)}
+             "llama-8b-2-layers": dataclasses.replace(bench.SPECS["llama-8b"], n_layer=2),
+             "qwen35-0.8b-4-layers": dataclasses.replace(bench.SPECS["qwen35-0.8b"], n_layer=4)}
     return {name: GGUFFile(bench.write_model(spec, folder / f"{name}.gguf")) for name, spec in specs.items()}
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m", "llama-8b-2-layers"])
+@pytest.mark.parametrize("name", ["smollm2-135m", "llama-8b-2-layers", "qwen35-0.8b-4-layers"])
 def test_real_shapes_match_the_cpu_backend(backend, real_shapes, name):
     f = real_shapes[name]
     cpu, gpu = Model(f, CPU), Model(f, backend)
@@ -91,3 +99,105 @@ def test_greedy_generation_matches_the_cpu_backend_but_for_near_ties(backend, re
             break
         c_logits = cpu.forward_seq(c_ctx, np.array([want], np.int32))[-1]
         g_logits = step(np.array([got], np.int32), slot, np.array([len(prompt) + n], np.int32))
+
+
+# ------------------------------------------------------------------ the command line on the GPU
+def greedy_ids(env, backend: str, *args) -> list[list]:
+    """[id, top-2 logprobs] per token of a greedy `generate --json` on the backend."""
+    r = llogos(env, "generate", "--backend", backend, "--temp", "0", "--ignore-eos", "--json", "--logprobs", "2", *args)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert records[-1]["done"]
+    return [(rec["id"], rec["logprobs"]) for rec in records[:-1]]
+
+
+def assert_same_greedy_tokens(cpu: list, gpu: list, near_tie: float) -> None:
+    """Equal ids up to the first step where the CPU's best two are within near_tie nats."""
+    assert len(cpu) == len(gpu)
+    for n, ((want, top), (got, _)) in enumerate(zip(cpu, gpu)):
+        if top[0][1] - top[1][1] < near_tie:
+            return
+        assert got == want, n
+
+
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])
+@pytest.mark.parametrize("name", ["tiny-qwen3-f32", "tiny-qwen35-f32"])  # heads of 32: q8_0 caches
+def test_cli_generate_on_the_gpu_matches_the_cpu(env, name, cache):
+    args = ("-m", str(need(FIXTURES / f"{name}.gguf")), "--tokens", "5,17,300,42", "-n", "16",
+            "--cache-type-k", cache, "--cache-type-v", cache)
+    assert_same_greedy_tokens(greedy_ids(env, "cpu", *args), greedy_ids(env, "cuda", *args), 1e-3)
+
+
+def test_cli_chat_from_a_pipe_on_the_gpu(env):
+    args = ("chat", "-m", str(need(FIXTURES / "tiny-qwen2-q8_0.gguf")), "--chat-template", "chatml", "--temp", "0",
+            "-n", "12")
+    cpu, gpu = (llogos(env, *args, "--backend", b, stdin="Hello there\nAnd again\n") for b in ("cpu", "cuda"))
+    assert gpu.returncode == 0 and "Traceback" not in gpu.stderr, gpu.stderr
+    assert gpu.stdout and gpu.stdout == cpu.stdout   # two replies, nothing else on stdout
+
+
+def test_cli_perplexity_on_the_gpu_within_one_percent_of_the_cpu(env):
+    args = ("perplexity", "-m", str(need(FIXTURES / "tiny-llama-q8_0.gguf")), "-f", str(need(REFERENCE / "ppl.txt")),
+            "-c", "64", "--chunks", "6", "--json")
+    cpu, gpu = (llogos(env, *args, "--backend", b) for b in ("cpu", "cuda"))
+    assert gpu.returncode == 0, gpu.stderr
+    assert abs(json.loads(gpu.stdout)["ppl"] / json.loads(cpu.stdout)["ppl"] - 1) < 0.01
+
+
+# ------------------------------------------------------------------ the real SmolLM2 on the GPU
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M, where installed (bench/gpu_session.sh assembles it on the GPU machine from
+    the parts it carries)."""
+    from llogos_cli.model.loader import load
+    from llogos_cli.model.registry import find_entry, is_installed
+    if not is_installed(find_entry("smollm2-135m")):
+        pytest.skip("smollm2-135m is not installed here")
+    return load("smollm2-135m", "cuda"), reference_outputs("smollm2-135m")
+
+
+def test_smollm2_generate_follows_llama_cpp_where_it_is_decisive(env, smollm2):
+    _, ref = smollm2
+    for case in ref["generation"]:
+        steps = case["llamacpp"]["steps"]
+        tokens = greedy_ids(env, "cuda", "-m", "smollm2-135m", "--tokens", ",".join(map(str, case["prompt_ids"])),
+                            "-n", str(len(steps)))
+        for i, (step, (got, _)) in enumerate(zip(steps, tokens)):
+            (top1, lp1), (_, lp2) = step["top5"][:2]
+            if lp1 - lp2 < 0.5:
+                break   # from a near-tie on the continuations may differ
+            assert got == top1, (case["id"], i)
+
+
+def test_smollm2_logprobs_match_transformers(smollm2):
+    """Decode steps (matrix-vector kernels, float32) within 2e-3 of transformers' float32 logprobs,
+    as on the CPU; a whole prompt at once (f16 tensor-core products) within 5e-2, with llama.cpp's
+    decisive top-1."""
+    m, ref = smollm2
+    b = m.model.b
+    for case in ref["generation"]:
+        prompt, generated = case["prompt_ids"], case["llamacpp"]["generated_ids"]
+        ids = np.asarray(prompt + generated, np.int32)
+        ctx = m.model.new_context(256, "f32", "f32")
+        stepped = np.stack([b.to_host(m.model.forward_seq(ctx, ids[i:i + 1]))[-1] for i in range(len(ids))])
+        at_once = b.to_host(m.model.forward_seq(m.model.new_context(256, "f32", "f32"), ids, all_logits=True))
+        for logits, tolerance in ((stepped, 2e-3), (at_once, 5e-2)):
+            for step in case["transformers_fp32"]["teacher_forced"]:
+                lp = log_softmax(logits[step["pos"]])
+                for token_id, expected in step["top5"]:
+                    assert abs(lp[token_id] - expected) < tolerance, (case["id"], step["pos"], token_id, tolerance)
+            for i, step in enumerate(case["llamacpp"]["steps"]):
+                (top1, lp1), (_, lp2) = step["top5"][:2]
+                if lp1 - lp2 >= 0.5:
+                    assert int(np.argmax(logits[len(prompt) - 1 + i])) == top1, (case["id"], i)
+
+
+def test_smollm2_perplexity_within_one_percent_of_the_cpu(env, smollm2):
+    from llogos_cli.engine.perplexity import perplexity
+    from llogos_cli.model.loader import load
+    text = need(REFERENCE / "ppl.txt")
+    cpu = load("smollm2-135m", "cpu")
+    want = perplexity(cpu.model, cpu.tokenizer, text.read_text(encoding="utf-8"), 128).ppl
+    r = llogos(env, "perplexity", "-m", "smollm2-135m", "--backend", "cuda", "-f", str(text), "-c", "128", "--json")
+    assert r.returncode == 0, r.stderr
+    assert abs(json.loads(r.stdout)["ppl"] / want - 1) < 0.01
