@@ -1,7 +1,7 @@
 """CUDA benchmark on synthetic models with the shapes and tensor types of real ones.
 
     python bench/bench_cuda.py [--models smollm2-135m,llama-1b,llama-8b,qwen35-0.8b]
-                               [--batch-sizes 1,4,16,64] [--llama-cpp] [--dir DIR] [--json FILE]
+                               [--batch-sizes 1,4,16,64] [--llama-cpp] [--products] [--dir DIR] [--json FILE]
 
 Each model is written once as a GGUF of random weights (under --dir), loaded on the GPU, and
 measured: decode tok/s of one sequence (eager, and replayed from a CUDA graph), prefill tok/s of a
@@ -251,6 +251,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,4,16,64", help="sequences decoded at once (batched figures)")
     parser.add_argument("--llama-cpp", action="store_true", help="also run llama-bench and llama-batched-bench from PATH")
     parser.add_argument("--dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "llogos-bench")
+    parser.add_argument("--products", action="store_true", help="first, the product kernels alone per weight type")
     parser.add_argument("--json", type=Path, help="write the record (see record()) here, after every model")
     parser.add_argument("--commit", default=os.environ.get("LLOGOS_COMMIT"), help="llogos commit measured (default: git's HEAD)")
     args = parser.parse_args()
@@ -264,7 +265,7 @@ def main() -> None:
         sys.exit("--llama-cpp: llama-bench and llama-batched-bench are not on PATH (source llama-env.sh)")
     args.dir.mkdir(parents=True, exist_ok=True)
     bandwidth = copy_bandwidth(cupy)
-    products = bench_products(bandwidth)
+    products = bench_products(bandwidth) if args.products else []
     results = []
     for name in args.models.split(","):
         path = model_file(SPECS[name], args.dir)
@@ -346,15 +347,16 @@ def report(results: list[dict], products: list[dict], bandwidth: float) -> None:
             other = theirs.get(row["B"], {})
             print(f"| {r['model']} | {row['B']} | {row['prefill_tok_s']:.0f} ({num(other.get('prefill_tok_s'))}) "
                   f"| {row['decode_tok_s']:.0f} ({num(other.get('decode_tok_s'))}) |")
-    print(f"\nThe product kernels alone, {products[0]['rows']} x {products[0]['cols']} weights: us a launch, weight GB/s "
-          "(share of the copy bandwidth).\n\n| type | " + " | ".join(f"{n} token{'s' * (n > 1)}" for n in
-                                                      sorted({p['tokens'] for p in products})) + " |")
-    by_type = defaultdict(list)
-    for p in products:
-        by_type[p["type"]].append(f"{p['us']:.1f} us, {p['GB_s']:.0f} GB/s ({100 * p['bandwidth_fraction']:.0f}%)")
-    print("|---" * (1 + len(next(iter(by_type.values())))) + "|")
-    for name, cells in by_type.items():
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    if products:
+        print(f"\nThe product kernels alone, {products[0]['rows']} x {products[0]['cols']} weights: us a launch, weight GB/s "
+              "(share of the copy bandwidth).\n\n| type | " + " | ".join(f"{n} token{'s' * (n > 1)}" for n in
+                                                          sorted({p['tokens'] for p in products})) + " |")
+        by_type = defaultdict(list)
+        for p in products:
+            by_type[p["type"]].append(f"{p['us']:.1f} us, {p['GB_s']:.0f} GB/s ({100 * p['bandwidth_fraction']:.0f}%)")
+        print("|---" * (1 + len(next(iter(by_type.values())))) + "|")
+        for name, cells in by_type.items():
+            print(f"| {name} | " + " | ".join(cells) + " |")
     print("\nTargets on an H100, against llama.cpp in the same run: decode >= 1.0x on every model and >= 75% of "
           "the bandwidth on llama-8b; prefill >= 1.0x on llama-1b and llama-8b; TTFT < 20 ms on llama-1b.")
     for r in results:

@@ -8,7 +8,7 @@
 #                                      GGUF in three parts into .gpu-m1/, .gpu-m2/ and .gpu-m3/
 #   bench/gpu_session.sh STAGE...      on the GPU machine, the stages in turn:
 #       tests        tests/test_cuda_gpu.py (the SmolLM2 tests skip until its three parts are there)
-#       bench-small  smollm2-135m, llama-1b and qwen35-0.8b
+#       bench-small  the product kernels alone per weight type; smollm2-135m, llama-1b, qwen35-0.8b
 #       bench-8b     llama-8b
 #       real         the SmolLM2 tests of tests/test_cuda_gpu.py, once its parts are assembled
 #
@@ -122,11 +122,13 @@ tests() {  # tests NAME [PYTEST ARGS]
         tee "$OUT/$name.log"
 }
 
-bench() {  # bench NAME MODELS
+bench() {  # bench NAME MODELS [BENCH_CUDA ARGS]
+    local name=$1 models=$2
+    shift 2
     # shellcheck disable=SC1091
     source .gpu/llama-env.sh   # unpacks llama.cpp's tools into /tmp/llama-cuda, puts them on PATH
-    step "bench-$1" "$PYTHON" bench/bench_cuda.py --models "$2" --llama-cpp --dir "$MODELS_DIR" \
-        --json "$OUT/bench-$1.json" 2>&1 | tee "$OUT/bench-$1.log"
+    step "bench-$name" "$PYTHON" bench/bench_cuda.py --models "$models" --llama-cpp --dir "$MODELS_DIR" \
+        --json "$OUT/bench-$name.json" "$@" 2>&1 | tee "$OUT/bench-$name.log"
 }
 
 usage="usage: bench/gpu_session.sh prepare | STAGE... (tests, bench-small, bench-8b, real)"
@@ -142,7 +144,7 @@ setup
 for stage; do
     case "$stage" in
         tests) tests tests -k "not smollm2_" ;;
-        bench-small) bench small smollm2-135m,llama-1b,qwen35-0.8b ;;
+        bench-small) bench small smollm2-135m,llama-1b,qwen35-0.8b --products ;;
         bench-8b) bench 8b llama-8b ;;
         real) tests real -k "smollm2_" ;;
     esac

@@ -65,6 +65,8 @@ def test_report_prints_both_sides(bench_cuda, capsys):
     assert "| qwen35-0.8b | 4.60 | 9000 (-) | 12.5 (-) |" in out
     assert "| llama-8b | 4.100 | 3.000 (1533 GB/s) | 4.300 | 4.760 | 6.670 |" in out
     assert "| type | 1 token | 4 tokens |\n|---|---|---|\n| Q4_K | 30.0 us, 1100 GB/s (37%) | 120.0 us, 275 GB/s (9%) |" in out
+    bench_cuda.report([measured("llama-8b", True)], [], 3000.0)   # a run without --products
+    assert "product kernels alone" not in capsys.readouterr().out
 
 
 class _Event:
