@@ -112,16 +112,8 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), rows: 
         for n in tokens:
             x = cupy.asarray(src.rng.standard_normal((n, cols), np.float32))
             y = cupy.empty((n, rows), np.float32)
-            times = []
-            for i in range(4 + reps):
-                start, end = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record()
-                cuda_matmul.matvec(b.k, x, copies[i % 4], y)
-                end.record()
-                end.synchronize()
-                if i >= 4:  # the first round compiles and warms up
-                    times.append(cupy.cuda.get_elapsed_time(start, end))
-            ms = float(np.median(times))
+            # The first round of the four copies compiles and warms up.
+            ms = median_gpu_ms(lambda i: cuda_matmul.matvec(b.k, x, copies[i % 4], y), reps, warmup=4)
             gb_s = copies[0].raw.nbytes / ms / 1e6
             out.append({"type": qtype.name, "rows": rows, "cols": cols, "tokens": n, "us": 1e3 * ms,
                         "GB_s": gb_s, "bandwidth_fraction": gb_s / bandwidth})
@@ -169,7 +161,11 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
         for _ in range(DECODE_TOKENS):
             token = one(token)
         tok_s = DECODE_TOKENS / (time.perf_counter() - t0)
-        return tok_s, (replay_ms(step, ctx) if graph else None)
+        if not graph:
+            return tok_s, None
+        # One graph replay's GPU time, its input copies included.
+        tokens, pos = np.array([token], np.int32), np.array([ctx.n_past], np.int32)
+        return tok_s, median_gpu_ms(lambda i: step(tokens, slot, pos), 50)
 
     prefill(PROMPT_TOKENS)  # compile kernels, initialize cuBLAS
     prefill_tok_s = PROMPT_TOKENS / min(prefill(PROMPT_TOKENS) for _ in range(3))
@@ -186,9 +182,7 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
         b.synchronize()
         decode_ms = (time.perf_counter() - t0) * 1e3
     with KernelTimes(b) as prefill_kernels:
-        t0 = time.perf_counter()
-        prefill(PROMPT_TOKENS)
-        prefill_ms = (time.perf_counter() - t0) * 1e3
+        prefill_ms = prefill(PROMPT_TOKENS) * 1e3
     kernels = decode_kernels.table(decode_ms)
     return {
         "model": spec.name, "weights_GB": model.weight_bytes / 1e9, "load_s": load_s,
@@ -208,17 +202,18 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
     }
 
 
-def replay_ms(step, ctx, reps: int = 50) -> float:
-    """Median GPU time of one graph replay (its input copies included), from CUDA events."""
+def median_gpu_ms(run, reps: int, warmup: int = 0) -> float:
+    """Median GPU time of run(i) over reps calls after warmup ones, each between two CUDA events."""
     import cupy
     times = []
-    for _ in range(reps):
+    for i in range(warmup + reps):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        step(np.array([5], np.int32), np.zeros(1, np.int32), np.array([ctx.n_past], np.int32))
+        run(i)
         end.record()
         end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
+        if i >= warmup:
+            times.append(cupy.cuda.get_elapsed_time(start, end))
     return float(np.median(times))
 
 

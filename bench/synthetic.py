@@ -28,6 +28,15 @@ class Hybrid:
     conv_kernel: int = 4
     interval: int = 4       # every interval-th layer is full attention
 
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """Queries, keys and values, as attn_qkv makes them and ssm_conv1d convolves them."""
+        return 2 * self.n_k_heads * self.head_k_dim + self.value_dim
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -118,9 +127,8 @@ def layer_matrices(spec: Spec, layer: int) -> list[tuple[str, int, int]]:
     ffn = [("ffn_gate", spec.n_ff, e), ("ffn_up", spec.n_ff, e), ("ffn_down", e, spec.n_ff)]
     if spec.recurrent(layer):
         h = spec.hybrid
-        value = h.n_v_heads * h.head_v_dim
-        return [("attn_qkv", 2 * h.n_k_heads * h.head_k_dim + value, e), ("attn_gate", value, e),
-                ("ssm_alpha", h.n_v_heads, e), ("ssm_beta", h.n_v_heads, e), ("ssm_out", e, value), *ffn]
+        return [("attn_qkv", h.conv_channels, e), ("attn_gate", h.value_dim, e),
+                ("ssm_alpha", h.n_v_heads, e), ("ssm_beta", h.n_v_heads, e), ("ssm_out", e, h.value_dim), *ffn]
     q_rows = spec.n_head * hd * (2 if spec.hybrid else 1)  # qwen35's queries carry their output gate
     return [("attn_q", q_rows, e), ("attn_k", spec.n_kv * hd, e), ("attn_v", spec.n_kv * hd, e),
             ("attn_output", e, spec.n_head * hd), *ffn]
@@ -149,7 +157,7 @@ def write_model(spec: Spec, path: Path) -> Path:
         w.add_ssm_state_size(h.head_k_dim)
         w.add_ssm_group_count(h.n_k_heads)
         w.add_ssm_time_step_rank(h.n_v_heads)
-        w.add_ssm_inner_size(h.n_v_heads * h.head_v_dim)
+        w.add_ssm_inner_size(h.value_dim)
         w.add_uint32(f"{spec.arch}.full_attention_interval", h.interval)
         w.add_rope_dimension_sections([11, 11, 10, 0])  # text positions: every section the same
     w.add_vocab_size(spec.n_vocab)
@@ -184,8 +192,7 @@ def write_model(spec: Spec, path: Path) -> Path:
             matrix(name, il, rows, cols, p)
         if spec.recurrent(il):
             h = spec.hybrid
-            channels = 2 * h.n_k_heads * h.head_k_dim + h.n_v_heads * h.head_v_dim
-            vector(p + "ssm_conv1d.weight", 0.3 * src.rng.standard_normal((channels, h.conv_kernel)))
+            vector(p + "ssm_conv1d.weight", 0.3 * src.rng.standard_normal((h.conv_channels, h.conv_kernel)))
             vector(p + "ssm_a", -src.rng.uniform(0.5, 4.0, h.n_v_heads))   # decay rates: -exp(A_log)
             vector(p + "ssm_dt.bias", src.rng.uniform(-1.0, 1.0, h.n_v_heads))
             norm(p + "ssm_norm.weight", h.head_v_dim)

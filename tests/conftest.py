@@ -29,6 +29,21 @@ def reference(name: str) -> dict:
     return json.loads(need(REFERENCE / f"{name}.json").read_text())
 
 
+def assert_teacher_forced(logits: np.ndarray, case: dict, tolerance: float, label: str) -> None:
+    """logits (position, vocab) of a reference case's prompt + llama.cpp's tokens: transformers'
+    float32 top-5 logprobs within tolerance at every step, and llama.cpp's top-1 wherever its lead
+    over the second is at least 0.5 (closer calls differ by rounding, see reference/README.md)."""
+    from llogos_cli.engine.sampling import log_softmax
+    for step in case["transformers_fp32"]["teacher_forced"]:
+        lp = log_softmax(logits[step["pos"]])
+        for token_id, expected in step["top5"]:
+            assert abs(lp[token_id] - expected) < tolerance, (label, case["id"], step["pos"], token_id)
+    for i, step in enumerate(case["llamacpp"]["steps"]):
+        (top1, lp1), (_, lp2) = step["top5"][:2]
+        if lp1 - lp2 >= 0.5:
+            assert int(np.argmax(logits[len(case["prompt_ids"]) - 1 + i])) == top1, (label, case["id"], i)
+
+
 def model_path(name: str) -> Path:
     from llogos_cli.model.registry import resolve_model
     try:

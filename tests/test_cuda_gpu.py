@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends import cuda_available
-from llogos_cli.engine.sampling import log_softmax
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Batch, Model
-from tests.conftest import FIXTURES, REFERENCE, need
+from tests.conftest import FIXTURES, REFERENCE, assert_teacher_forced, need
 from tests.conftest import reference as reference_outputs  # op_suite has a reference() of its own
 from tests.emu.model_suite import *  # noqa: F401,F403 (the shared whole-model tests)
 from tests.emu.model_suite import load_bench, relative
@@ -181,15 +180,8 @@ def test_smollm2_logprobs_match_transformers(smollm2):
         ctx = m.model.new_context(256, "f32", "f32")
         stepped = np.stack([b.to_host(m.model.forward_seq(ctx, ids[i:i + 1]))[-1] for i in range(len(ids))])
         at_once = b.to_host(m.model.forward_seq(m.model.new_context(256, "f32", "f32"), ids, all_logits=True))
-        for logits, tolerance in ((stepped, 2e-3), (at_once, 5e-2)):
-            for step in case["transformers_fp32"]["teacher_forced"]:
-                lp = log_softmax(logits[step["pos"]])
-                for token_id, expected in step["top5"]:
-                    assert abs(lp[token_id] - expected) < tolerance, (case["id"], step["pos"], token_id, tolerance)
-            for i, step in enumerate(case["llamacpp"]["steps"]):
-                (top1, lp1), (_, lp2) = step["top5"][:2]
-                if lp1 - lp2 >= 0.5:
-                    assert int(np.argmax(logits[len(prompt) - 1 + i])) == top1, (case["id"], i)
+        assert_teacher_forced(stepped, case, 2e-3, "decode steps")
+        assert_teacher_forced(at_once, case, 5e-2, "one prefill")
 
 
 def test_smollm2_perplexity_within_one_percent_of_the_cpu(env, smollm2):

@@ -6,11 +6,11 @@ import pytest
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.perplexity import perplexity
-from llogos_cli.engine.sampling import Sampler, SamplingParams, log_softmax
+from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.session import Session
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.model.loader import load
-from tests.conftest import REFERENCE, model_path, need, reference
+from tests.conftest import REFERENCE, assert_teacher_forced, model_path, need, reference
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
 
@@ -28,14 +28,7 @@ def test_teacher_forced_logprobs_match_transformers_and_llama_cpp(loaded):
         assert m.tokenizer.encode(case["prompt"]) == prompt
         ctx = m.model.new_context(256)
         logits = m.model.forward_seq(ctx, np.asarray(prompt + generated, np.int32), all_logits=True)
-        for step in case["transformers_fp32"]["teacher_forced"]:
-            lp = log_softmax(logits[step["pos"]])
-            for token_id, expected in step["top5"]:
-                assert abs(lp[token_id] - expected) < 2e-3, (name, case["id"], step["pos"], token_id)
-        for i, step in enumerate(case["llamacpp"]["steps"]):
-            (top1, lp1), (_, lp2) = step["top5"][:2]
-            if lp1 - lp2 >= 0.5:
-                assert int(np.argmax(logits[len(prompt) - 1 + i])) == top1, (name, case["id"], i)
+        assert_teacher_forced(logits, case, 2e-3, name)
 
 
 def test_greedy_generation_reproduces_transformers(loaded):
