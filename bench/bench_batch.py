@@ -6,7 +6,7 @@ at once. Reported: prompt tok/s (B*PP / prefill time), generation tok/s summed o
 (B*TG / decode time) and total tok/s, plus the peak RSS. Then the end-to-end throughput of
 `llogos batch` on a file of prompts, start-up included.
 
-    python bench/bench_batch.py [-m smollm2-135m] [--npl 1,4,16,64] [--llama-batched-bench PATH]
+    python bench/bench_batch.py [-m smollm2-135m] [--npl 1,4,16,64] [--cpu-weights auto] [--llama-batched-bench PATH]
 """
 
 import argparse
@@ -88,12 +88,13 @@ def main() -> None:
     ap.add_argument("--npp", type=int, default=128)
     ap.add_argument("--ntg", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu-weights", default="auto", help="f32, quantized or auto (llogos' --cpu-weights)")
     ap.add_argument("--llama-batched-bench", help="path to an already built llama-batched-bench")
     ap.add_argument("--e2e-prompts", type=int, default=256)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     npl = [int(x) for x in a.npl.split(",")]
-    m = load(a.model, "cpu", n_ctx=a.npp + a.ntg, n_slots=max(npl))   # batched: the few-row kernel
+    m = load(a.model, "cpu", a.cpu_weights, n_ctx=a.npp + a.ntg, n_slots=max(npl))   # batched: the few-row kernel
     rng = np.random.default_rng(0)
     llogos_rows(m.model, 2, 8, 2, rng)   # warm-up
     report = {"model": a.model, "date": time.strftime("%Y-%m-%d"), "npp": a.npp, "ntg": a.ntg,

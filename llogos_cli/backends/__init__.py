@@ -56,6 +56,9 @@ from llogos_cli.errors import LlogosError
 BACKENDS = ("cpu", "cuda", "auto")
 CACHE_TYPES = ("f32", "f16", "q8_0")
 Q8_0_BLOCK = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][0]
+# The weight types the CPU multiplies in their blocks, one token at a time (cpu_quant_dot).
+CPU_DOT_TYPES = frozenset(getattr(GGMLQuantizationType, n) for n in
+                          ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"))
 
 
 def check_cache_type(cache_type: str, head_dim: int) -> None:

@@ -26,6 +26,7 @@ parallel_kernel = numba.njit(cache=True, fastmath=True, nogil=True, parallel=Tru
 helper = numba.njit(cache=True, fastmath=True, inline="always")
 prange = numba.prange
 set_parallel_chunksize = numba.set_parallel_chunksize
+get_num_threads = numba.get_num_threads
 
 # float16 bit pattern -> float32, for the per-block scales (a global array is frozen into the code).
 F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -35,13 +36,6 @@ F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).ast
 def f16_at(row: np.ndarray, o: int) -> np.float32:
     """The little-endian float16 at byte o of row."""
     return F16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
-
-
-@helper
-def u32_at(row: np.ndarray, o: int) -> int:
-    """The little-endian uint32 at byte o of row (Q5_0/Q5_1 fifth bits)."""
-    return (np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
-            | (np.int64(row[o + 3]) << 24))
 
 
 @helper

@@ -7,6 +7,9 @@ sub-block with a horizontal sum. These intrinsics keep the products in vector re
 - q6_k_half_sums: 32 Q6_K quants and 32 int16 activations multiplied and added in pairs (the
   pattern LLVM turns into `vpmaddwd` on x86), each pair-sum times its sub-block's scale, the
   vector summed once per half block;
+- plain_row_dot, plain_row_expand: a whole row of a 32-weight block type (Q8_0, Q4_0, Q4_1,
+  Q5_0, Q5_1), each block's quants unpacked, converted and scaled as one float32 vector, then
+  multiplied with the activations or stored;
 - f32_rows_tile: a tile of float32 weight rows times up to 64 tokens, tokens across the lanes
   (cpu_rows).
 
@@ -16,6 +19,8 @@ largest magnitude) put Gemma 3's logprobs 6e-3 off transformers' float32 ones, i
 having outliers. Bounds, so that no int32 lane overflows: a lane sums 4 pair-sums of quants in
 [-32, 31] with int8 scales, |sum| <= 4 * 2 * 32 * 32767 * 128 < 2^30.
 """
+
+from contextlib import contextmanager
 
 from llvmlite import ir
 from numba import types
@@ -70,6 +75,13 @@ def _sum(builder, v):
     return builder.call(fn, [v])
 
 
+def _fsum(builder, v):
+    """The sum of a <32 x float>'s lanes, in any order."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, _vec(F32, 32)]),
+                                        "llvm.vector.reduce.fadd.v32f32")
+    return builder.call(fn, [ir.Constant(F32, 0.0), v], fastmath=("reassoc",))
+
+
 @intrinsic
 def q4_k_row_dot(typingctx, row, x, scales):
     """Σ over the Q4_K blocks of row of Σ_j scales[8b + j] · Σ_l q_jl · x[256b + 32j + l]: float32
@@ -92,9 +104,7 @@ def q4_k_row_dot(typingctx, row, x, scales):
                     weights = builder.fmul(builder.uitofp(q, _vec(F32, 32)), scale, flags=["fast"])
                     total = builder.fadd(total, builder.fmul(weights, xv, flags=["fast"]), flags=["fast"])
             builder.store(total, acc)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, _vec(F32, 32)]),
-                                            "llvm.vector.reduce.fadd.v32f32")
-        return builder.call(fn, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
+        return _fsum(builder, builder.load(acc))
     return types.float32(row, x, scales), codegen
 
 
@@ -130,6 +140,100 @@ def q6_k_half_sums(typingctx, row, o, h, xhi, xlo, e):
                 acc[part] = builder.add(acc[part], builder.mul(_pair_sums(builder, w, xv), scale))
         return context.make_tuple(builder, sig.return_type, [_sum(builder, acc[0]), _sum(builder, acc[1])])
     return types.UniTuple(types.int32, 2)(row, o, h, xhi, xlo, e), codegen
+
+
+# The plain 32-weight blocks: bytes, and the offsets of d (f16), m (f16: weight = d·q + m), the
+# fifth bits qh (u32) and the quants; `bias` is subtracted from the quants of the types without m.
+_PLAIN = {  # name: (bytes, d, m, qh, qs, bias)
+    "q8_0": (34, 0, None, None, 2, 0),
+    "q4_0": (18, 0, None, None, 2, 8),
+    "q4_1": (20, 0, 2, None, 4, 0),
+    "q5_0": (22, 0, None, 2, 6, 16),
+    "q5_1": (24, 0, 2, 4, 8, 0),
+}
+
+
+def _f16(context, builder, array_type, array, offset):
+    """The little-endian float16 at byte `offset` of a byte array, as float32."""
+    data = context.make_array(array_type)(context, builder, array).data
+    bits = builder.load(builder.bitcast(builder.gep(data, [offset]), I16.as_pointer()), align=1)
+    return builder.fpext(builder.bitcast(bits, ir.HalfType()), F32)
+
+
+def _plain_weights(context, builder, row_t, row, o, name: str):
+    """The 32 weights of the `name` block at byte o of row, as one float32 vector. A 4-bit type's 16
+    bytes hold elements 0-15 in their low nibbles, 16-31 in the high; Q5's u32 gives element j its
+    fifth bit j."""
+    _, d_at, m_at, qh_at, qs_at, bias = _PLAIN[name]
+    if name == "q8_0":
+        q = builder.sext(_load(context, builder, row_t, row, _at(builder, o, qs_at), I8, 32), _vec(I32, 32))
+    else:
+        v = _load(context, builder, row_t, row, _at(builder, o, qs_at), I8, 16)
+        nibbles = builder.shuffle_vector(builder.and_(v, _const(I8, 16, 15)), builder.lshr(v, _const(I8, 16, 4)),
+                                         ir.Constant(_vec(I32, 32), list(range(32))))
+        q = builder.zext(nibbles, _vec(I32, 32))
+    if qh_at is not None:
+        data = context.make_array(row_t)(context, builder, row).data
+        qh = builder.load(builder.bitcast(builder.gep(data, [_at(builder, o, qh_at)]), I32.as_pointer()), align=1)
+        bits = builder.lshr(_splat(builder, builder.insert_element(_const(I32, 1, 0), qh, ir.Constant(I32, 0)), 32),
+                            ir.Constant(_vec(I32, 32), list(range(32))))
+        q = builder.or_(q, builder.shl(builder.and_(bits, _const(I32, 32, 1)), _const(I32, 32, 4)))
+    if bias:
+        q = builder.sub(q, _const(I32, 32, bias))
+
+    def f16_splat(at):
+        value = _f16(context, builder, row_t, row, _at(builder, o, at))
+        return _splat(builder, builder.insert_element(_const(F32, 1, 0.0), value, ir.Constant(I32, 0)), 32)
+    weights = builder.fmul(builder.sitofp(q, _vec(F32, 32)), f16_splat(d_at), flags=["fast"])
+    return weights if m_at is None else builder.fadd(weights, f16_splat(m_at), flags=["fast"])
+
+
+@contextmanager
+def _each_block(context, builder, row_t, row, size: int):
+    """A loop over the row's blocks of `size` bytes: yields the block's first byte and element."""
+    n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
+                            ir.Constant(I64, size))
+    with cgutils.for_range(builder, n_blocks) as loop:
+        yield builder.mul(loop.index, ir.Constant(I64, size)), builder.mul(loop.index, ir.Constant(I64, 32))
+
+
+def plain_row_dot(name: str):
+    """An intrinsic dot(row, x) -> float32: Σ over the row's blocks of Σ_l w_l · x[32k + l] for
+    the plain type `name` (q8_0, q4_0, q4_1, q5_0, q5_1), float32 x; the products are added into
+    one vector, summed once per row."""
+    size = _PLAIN[name][0]
+
+    @intrinsic
+    def dot(typingctx, row, x):
+        def codegen(context, builder, sig, args):
+            row_t, x_t = sig.args
+            row, x = args
+            acc = cgutils.alloca_once_value(builder, _const(F32, 32, 0.0))
+            with _each_block(context, builder, row_t, row, size) as (o, e):
+                weights = _plain_weights(context, builder, row_t, row, o, name)
+                xv = _load(context, builder, x_t, x, e, F32, 32)
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(weights, xv, flags=["fast"]), flags=["fast"]), acc)
+            return _fsum(builder, builder.load(acc))
+        return types.float32(row, x), codegen
+    return dot
+
+
+def plain_row_expand(name: str):
+    """An intrinsic expand(row, out): the row's weights of the plain type `name`, into float32 out."""
+    size = _PLAIN[name][0]
+
+    @intrinsic
+    def expand(typingctx, row, out):
+        def codegen(context, builder, sig, args):
+            row_t, out_t = sig.args
+            row, out = args
+            data = context.make_array(out_t)(context, builder, out).data
+            with _each_block(context, builder, row_t, row, size) as (o, e):
+                ptr = builder.bitcast(builder.gep(data, [e]), _vec(F32, 32).as_pointer())
+                builder.store(_plain_weights(context, builder, row_t, row, o, name), ptr, align=4)
+            return context.get_dummy_value()
+        return types.void(row, out), codegen
+    return expand
 
 
 def f32_rows_tile(rows: int, vectors: int):

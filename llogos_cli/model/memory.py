@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gguf import GGMLQuantizationType
+
+from llogos_cli.backends import CPU_DOT_TYPES
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig
@@ -108,13 +111,17 @@ def gpu_available() -> int:
 
 def choose_cpu_weights(f: GGUFFile, cfg: ModelConfig, requested: str, n_ctx: int, type_k: str, type_v: str,
                        n_slots: int = 1) -> tuple[str, str]:
-    """--cpu-weights: f32 and quantized as asked; auto picks f32 for a small model whose float32
-    copy fits with room to spare, where that path is the faster. -> (mode, why, for --stats and info)."""
+    """--cpu-weights: f32 and quantized as asked. auto reads the blocks in place for one sequence
+    (n_slots 1) when every product has a block kernel: decode is then faster and prefill as fast
+    (docs/PERF.md). Several sequences decode together faster from float32 rows, which auto picks
+    for a small model whose float32 copy fits with room to spare. -> (mode, why, for --stats and info)."""
     if requested != "auto":
         return requested, "--cpu-weights"
+    products = [t for name, t in f.tensors.items() if len(t.shape) > 1 and _in_products(name, cfg)]
+    if n_slots == 1 and all(t.ggml_type in CPU_DOT_TYPES | {GGMLQuantizationType.F32} for t in products):
+        return "quantized", "auto: one sequence, every product read in its blocks"
     f32 = need(f, cfg, "f32", n_ctx, type_k, type_v, n_slots)
-    product_weights = sum(math.prod(t.shape) for name, t in f.tensors.items()
-                          if len(t.shape) > 1 and _in_products(name, cfg))
+    product_weights = sum(math.prod(t.shape) for t in products)
     if product_weights > F32_MAX_WEIGHTS:
         return "quantized", f"auto: {product_weights / 1e6:.0f} M weights in products, quantized kernels are faster"
     available = host_available()
