@@ -13,7 +13,7 @@ F16 and BF16 matrices always take the tile path.
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from llogos_cli.backends import cpu_quant_dequant, cpu_quant_dot, cpu_rows
+from llogos_cli.backends import CPU_DOT_TYPES, cpu_quant_dequant, cpu_quant_dot, cpu_rows
 from llogos_cli.backends.cpu_jit import get_num_threads, set_parallel_chunksize
 from llogos_cli.gguf import quants
 
@@ -56,7 +56,7 @@ class QuantMatmul:
         rows, cols = raw.shape[0], quants.row_elements(raw, qtype)
         assert x.shape[1] == cols, f"x has {x.shape[1]} features, the matrix {cols}"
         x = np.ascontiguousarray(x, np.float32)
-        if x.shape[0] <= MATVEC_MAX_TOKENS and qtype in cpu_quant_dot.TYPES:
+        if x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
             return self._matvec(x, raw, qtype)
         return self._tiled(x, raw, qtype, rows, cols)
 

@@ -153,13 +153,6 @@ _PLAIN = {  # name: (bytes, d, m, qh, qs, bias)
 }
 
 
-def _f16(context, builder, array_type, array, offset):
-    """The little-endian float16 at byte `offset` of a byte array, as float32."""
-    data = context.make_array(array_type)(context, builder, array).data
-    bits = builder.load(builder.bitcast(builder.gep(data, [offset]), I16.as_pointer()), align=1)
-    return builder.fpext(builder.bitcast(bits, ir.HalfType()), F32)
-
-
 def _plain_weights(context, builder, row_t, row, o, name: str):
     """The 32 weights of the `name` block at byte o of row, as one float32 vector. A 4-bit type's 16
     bytes hold elements 0-15 in their low nibbles, 16-31 in the high; Q5's u32 gives element j its
@@ -173,17 +166,15 @@ def _plain_weights(context, builder, row_t, row, o, name: str):
                                          ir.Constant(_vec(I32, 32), list(range(32))))
         q = builder.zext(nibbles, _vec(I32, 32))
     if qh_at is not None:
-        data = context.make_array(row_t)(context, builder, row).data
-        qh = builder.load(builder.bitcast(builder.gep(data, [_at(builder, o, qh_at)]), I32.as_pointer()), align=1)
-        bits = builder.lshr(_splat(builder, builder.insert_element(_const(I32, 1, 0), qh, ir.Constant(I32, 0)), 32),
-                            ir.Constant(_vec(I32, 32), list(range(32))))
+        qh = _splat(builder, _load(context, builder, row_t, row, _at(builder, o, qh_at), I32, 1), 32)
+        bits = builder.lshr(qh, ir.Constant(_vec(I32, 32), list(range(32))))
         q = builder.or_(q, builder.shl(builder.and_(bits, _const(I32, 32, 1)), _const(I32, 32, 4)))
     if bias:
         q = builder.sub(q, _const(I32, 32, bias))
 
-    def f16_splat(at):
-        value = _f16(context, builder, row_t, row, _at(builder, o, at))
-        return _splat(builder, builder.insert_element(_const(F32, 1, 0.0), value, ir.Constant(I32, 0)), 32)
+    def f16_splat(at):   # the little-endian float16 at byte o + at, as float32 in every lane
+        half = builder.bitcast(_load(context, builder, row_t, row, _at(builder, o, at), I16, 1), _vec(ir.HalfType(), 1))
+        return _splat(builder, builder.fpext(half, _vec(F32, 1)), 32)
     weights = builder.fmul(builder.sitofp(q, _vec(F32, 32)), f16_splat(d_at), flags=["fast"])
     return weights if m_at is None else builder.fadd(weights, f16_splat(m_at), flags=["fast"])
 

@@ -118,7 +118,8 @@ def choose_cpu_weights(f: GGUFFile, cfg: ModelConfig, requested: str, n_ctx: int
     if requested != "auto":
         return requested, "--cpu-weights"
     products = [t for name, t in f.tensors.items() if len(t.shape) > 1 and _in_products(name, cfg)]
-    if n_slots == 1 and all(t.ggml_type in CPU_DOT_TYPES | {GGMLQuantizationType.F32} for t in products):
+    in_blocks = CPU_DOT_TYPES | {GGMLQuantizationType.F32}   # F32 matrices are used in place
+    if n_slots == 1 and all(t.ggml_type in in_blocks for t in products):
         return "quantized", "auto: one sequence, every product read in its blocks"
     f32 = need(f, cfg, "f32", n_ctx, type_k, type_v, n_slots)
     product_weights = sum(math.prod(t.shape) for t in products)
