@@ -3,6 +3,8 @@ pieces for the two real models, and the ids written out below were produced by l
 (llama-cpp-python 0.3.36) on the same vocabularies."""
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -193,6 +195,34 @@ def test_round_trip(tok, tiny, text):
     for t in (*tok.values(), tiny):
         assert t.decode(t.encode(text)) == text
         assert t.decode(t.encode(text, add_bos=False, parse_special=False)) == text
+
+
+# ---- threads ----------------------------------------------------------------------------------
+
+def _varied_texts(n: int) -> list[str]:
+    """Distinct texts whose characters differ from one to the next, so that a tokenizer which
+    learns its characters as it goes meets new ones in every thread."""
+    extras = ["", "é", "ß", "日本", "😀", "Ω", "ñ", "中文", "🇯🇵", "ü", "한국어", "№"]
+    return [f"Fact number {i}: the {extras[i % len(extras)]}{i * 7919} {ROUND_TRIP[i % 8]}" for i in range(n)]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_threads_encode_as_one_thread_does(gguf, name):
+    texts = _varied_texts(48)
+    expected = [Tokenizer.from_gguf(gguf[name]).encode(t) for t in texts]
+    for _ in range(3):   # each round on a cold tokenizer, every thread starting at once
+        fresh = Tokenizer.from_gguf(gguf[name])
+        start = threading.Barrier(len(texts))
+
+        def encode(text, t=fresh, start=start):
+            start.wait()
+            return t.encode(text)
+        with ThreadPoolExecutor(len(texts)) as pool:
+            assert list(pool.map(encode, texts)) == expected
+        assert [fresh.encode(t) for t in texts] == expected   # and it stays right afterwards
+        decoded = [fresh.decode(ids) for ids in expected]
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(fresh.decode, expected)) == decoded
 
 
 # ---- lookups and errors -----------------------------------------------------------------------

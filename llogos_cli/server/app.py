@@ -173,8 +173,8 @@ async def _until_disconnect(awaitable, request: Request):
     finally:
         watcher.cancel()
         if not task.done():
-            task.cancel()
-    return task.result() if not task.cancelled() else GONE
+            task.cancel()   # takes effect at the loop's next turn: the task is not done yet
+    return task.result() if task.done() and not task.cancelled() else GONE
 
 
 async def _disconnected(request: Request) -> None:

@@ -10,8 +10,8 @@ Which tokens end generation, and which count as control tokens, also follows lla
 recognises tokens such as <|im_end|> or <end_of_turn> by their text, whatever the GGUF says.
 """
 
-import functools
 import operator
+import threading
 
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -103,7 +103,9 @@ class Tokenizer:
         self._special_groups: dict[str, list[tuple[str, int]]] = {}
         for text, token_id, _ in self._specials:
             self._special_groups.setdefault(text[:4], []).append((text, token_id))
-        self._pieces: dict[int, bytes] = {}
+        self._pieces: dict[int, bytes] = {}   # filled as tokens are shown; a racing fill writes the same bytes
+        self._subword: vocab.SubwordModel | None = None
+        self._subword_lock = threading.Lock()
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "Tokenizer":
@@ -174,10 +176,15 @@ class Tokenizer:
 
     # ---- encoding ----------------------------------------------------------------------------
 
-    @functools.cached_property
+    @property
     def _model(self) -> vocab.SubwordModel:
-        # Made on first use: decoding never needs it, and it reads a cache file.
-        return vocab.SubwordModel(self._meta, self._tokens, self._ids, self._sha)
+        # Made on first use, once however many threads ask: decoding never needs it, and it
+        # reads a cache file.
+        if self._subword is None:
+            with self._subword_lock:
+                if self._subword is None:
+                    self._subword = vocab.SubwordModel(self._meta, self._tokens, self._ids, self._sha)
+        return self._subword
 
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
         """Token ids of `text`. BOS comes first if `add_bos`; None means what the model asks for

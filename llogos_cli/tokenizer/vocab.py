@@ -20,6 +20,7 @@ are derived once per GGUF and cached under its header's SHA-256.
 """
 
 import os
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,27 +105,40 @@ class SubwordModel:
         # SentencePiece's fallback for characters outside the vocabulary, found by text as
         # `tokenizers` finds them.
         self._byte_tokens = [token_ids[t] for t in (f"<0x{b:02X}>" for b in range(256)) if t in token_ids]
-        self._known: set[str] | None = set()  # characters the BPE spells with; None: all
-        self._bpe: Tokenizer | None = None
+        # The BPE and the characters it spells with (None: all), swapped as one pair so that a
+        # thread never encodes with a BPE that lacks its text's characters; the lock makes one
+        # thread build while the others wait for it (server requests tokenize concurrently).
+        self._current: tuple[frozenset[str] | None, Tokenizer] | None = None
+        self._building = threading.Lock()
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Ids of each stretch of text (for SentencePiece, with spaces already written as ▁)."""
         joined = "".join(texts)
-        chars = set(joined) if self._spm else {_BYTE_CHARS[b] for b in set(joined.encode())}
-        if self._bpe is None or not (self._known is None or chars <= self._known):
-            # The first texts get a BPE of just the tokens they can spell, which builds quickly;
-            # texts with new characters after that get the whole vocabulary, built once.
-            self._known = chars if self._bpe is None else None
-            self._bpe = self._build()
+        chars = frozenset(joined) if self._spm else frozenset(_BYTE_CHARS[b] for b in set(joined.encode()))
+        bpe = self._bpe_for(chars)
         # The "unknown byte" id, len(tokens), stands for a byte llama.cpp drops.
-        return [[i for i in self._bpe.encode(text, add_special_tokens=False).ids if i < len(self._tokens)]
+        return [[i for i in bpe.encode(text, add_special_tokens=False).ids if i < len(self._tokens)]
                 for text in texts]
 
-    def _build(self) -> Tokenizer:
-        if self._known is None:
+    def _bpe_for(self, chars: frozenset[str]) -> Tokenizer:
+        """A BPE that spells every one of `chars`. The first texts get a BPE of just the tokens
+        they can spell, which builds quickly; texts with new characters after that get the whole
+        vocabulary, built once."""
+        current = self._current
+        if current is not None and (current[0] is None or chars <= current[0]):
+            return current[1]
+        with self._building:
+            current = self._current
+            if current is None or not (current[0] is None or chars <= current[0]):
+                known = chars if current is None else None
+                current = self._current = (known, self._build(known))
+            return current[1]
+
+    def _build(self, known: frozenset[str] | None) -> Tokenizer:
+        if known is None:
             spellable = np.ones(len(self._tokens), dtype=bool)
         else:
-            known = np.fromiter((ord(c) for c in self._known), dtype=np.int32)
+            known = np.fromiter((ord(c) for c in known), dtype=np.int32)
             spellable = np.logical_and.reduceat(np.isin(self._chars, known), self._starts)
             spellable[self._byte_tokens] = True
         ids = np.flatnonzero(spellable)
@@ -162,7 +176,7 @@ def _cached_tables(meta: dict, tokens: list[str], token_ids: dict[str, int], hea
     starts = np.cumsum([0] + [len(text) for text in tokens[:-1]], dtype=np.int64)
     if path is None:
         return merges, chars, starts
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
     try:
         np.savez(tmp, merges=merges, chars=chars, starts=starts)
         os.replace(tmp, path)
