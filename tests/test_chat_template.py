@@ -4,6 +4,9 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
 
 import jinja2
 import pytest
@@ -25,15 +28,21 @@ CONVERSATIONS = [
 
 
 def hf_render(source: str, messages: list[dict], add_generation_prompt: bool,
-              bos_token: str = "", eos_token: str = "") -> str:
-    """The rendering HF transformers' apply_chat_template documents, without its sandbox: Jinja with
-    trim_blocks and lstrip_blocks, a tojson that leaves HTML alone, and raise_exception."""
+              bos_token: str = "", eos_token: str = "", tools: list[dict] | None = None) -> str:
+    """The rendering HF transformers' apply_chat_template does, without its sandbox: Jinja with
+    trim_blocks, lstrip_blocks and loopcontrols, its tojson that leaves HTML alone, raise_exception,
+    strftime_now, and the variables it passes."""
     def raise_exception(message):
         raise jinja2.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    return env.from_string(source).render(messages=messages, tools=tools, documents=None,
+                                          add_generation_prompt=add_generation_prompt,
                                           bos_token=bos_token, eos_token=eos_token)
 
 
@@ -203,6 +212,83 @@ def test_constructs_real_templates_use_render_as_jinja_does(conversation):
     assert "3 messages" in ours and "<|ASSISTANT|>4." in ours
 
 
+# Real models' templates, written out in their shapes (tests/chat_templates/*.jinja): chat and tool
+# use, reasoning, typed content parts. Each must render exactly as plain Jinja renders it, and each
+# case names a piece of the output that shows the branch it is there for really ran.
+TEMPLATES = Path(__file__).parent / "chat_templates"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city's name"}},
+                   "required": ["city"]}}}
+CALL = {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+TOOL_CHAT = [
+    {"role": "system", "content": "You plan trips."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call00001", "content": '{"temperature_c": 18}'},
+    {"role": "assistant", "content": "It is 18 °C in Paris."},
+    {"role": "user", "content": "And in <b>Zürich</b>?"},
+]
+THINKING_CHAT = [
+    {"role": "user", "content": "Is 91 prime?"},
+    {"role": "assistant", "content": "<think>\n91 = 7 * 13.\n</think>\n\nNo: 91 is 7 times 13."},
+    {"role": "user", "content": "And 97?"},
+    {"role": "assistant", "content": "<think>\nNo divisor up to 9.\n</think>\n\nYes.", "tool_calls": [CALL]},
+]
+PARTS_CHAT = [
+    {"role": "system", "content": [{"type": "text", "text": "Describe images."}]},
+    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " What is this? "}]},
+]
+REASONING_CHAT = [
+    {"role": "system", "content": "Enable deep thinking subroutine."},
+    {"role": "user", "content": "<think> Why is the sky blue?"},
+    {"role": "assistant", "content": "<think>\r\nRayleigh.\r\n</think>\r\nScattering."},
+    {"role": "user", "content": "Thanks!"},
+]
+PHI_TOOL_CHAT = [{"role": "system", "content": "You plan trips.", "tools": json.dumps([WEATHER["function"]])},
+                 *TOOL_CHAT[1:]]
+
+REAL_TEMPLATES = [   # template, conversation, tools, a piece of the output
+    ("qwen2.5-tools", CONVERSATIONS[1], None, "<|im_start|>system\nYou are terse.<|im_end|>"),
+    ("qwen2.5-tools", TOOL_CHAT, [WEATHER], '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'),
+    ("qwen3-tools", TOOL_CHAT, [WEATHER], '<|im_start|>user\n<tool_response>\n{"temperature_c": 18}'),
+    ("qwen3-tools", THINKING_CHAT, None, "<think>\nNo divisor up to 9.\n</think>\n\nYes.\n<tool_call>"),
+    ("llama3.1-tools", CONVERSATIONS[1], None, "Today Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>"),
+    ("llama3.1-tools", TOOL_CHAT, [WEATHER], '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'),
+    ("llama3.2-tools", TOOL_CHAT, [WEATHER], '\n    "function": {\n        "name": "get_weather"'),
+    ("mistral-v3-tools", CONVERSATIONS[1], None, "[INST] You are terse.\n\n  And 3+3? \n[/INST]"),
+    ("mistral-v3-tools", TOOL_CHAT, [WEATHER],
+     '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call00001"}]</s>[TOOL_RESULTS]'),
+    ("gemma3", CONVERSATIONS[1], None, "<start_of_turn>model\n4.<end_of_turn>"),
+    ("gemma3", PARTS_CHAT, None, "<start_of_turn>user\nDescribe images.\n\n<start_of_image>What is this?<end_of_turn>"),
+    ("phi3.5", CONVERSATIONS[1], None, "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n4.<|end|>"),
+    ("phi4-mini-tools", PHI_TOOL_CHAT, None, '<|tool|>[{"name": "get_weather"'),
+    ("llama3-reasoning", REASONING_CHAT, None, "<think>Why is the sky blue?<|eot_id|>"),
+]
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("name, conversation, tools, piece", REAL_TEMPLATES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(REAL_TEMPLATES)])
+def test_real_templates_render_as_jinja_does(name, conversation, tools, piece, add_generation_prompt):
+    source = (TEMPLATES / f"{name}.jinja").read_text()
+    ours = ChatTemplate(source, name).render(conversation, add_generation_prompt, "<s>", "</s>", tools)
+    assert ours == hf_render(source, conversation, add_generation_prompt, "<s>", "</s>", tools)
+    assert piece in ours
+
+
+def test_method_calls_in_loops_and_blocks_are_still_sized():
+    # Jinja adds the loop's and block's variables to calls made there: the sizing must see past them.
+    ok = "{% for m in messages %}{{ m.content.replace('i', 'ii').center(6, '*') }}{% endfor %}"
+    assert ChatTemplate(ok, "t").render(CONVERSATIONS[0], False) == "*Hii**"
+    block = "{% block b %}{{ ','.join(['a', 'b']).zfill(4) }}{% endblock %}"
+    assert ChatTemplate(block, "t").render([], False) == "0a,b"
+    for source in ("{% for m in messages %}{{ ('a' * 100000).replace('a', 'b' * 100000) }}{% endfor %}",
+                   "{% block b %}{{ 'a'.center(10**10) }}{% endblock %}"):
+        with pytest.raises(LlogosError, match="would build"):
+            ChatTemplate(source, "t").render(CONVERSATIONS[0], False)
+
+
 # Each hostile template asks for far more memory or time than any chat needs. The runner renders them
 # one after another in a fresh interpreter (so its peak resident memory means something) under a hard
 # address-space limit (so a regression cannot take the machine down), and reports per template.
@@ -309,3 +395,13 @@ def test_hostile_template_on_the_command_line(tmp_path):
     assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert r.stderr.startswith(f"error: chat template from {template} was stopped by the sandbox: it would build")
+
+
+def test_threads_render_a_shared_template_as_one_thread_does():
+    """The server renders every request's messages with one compiled template, from many threads."""
+    template = ChatTemplate((Path(__file__).parent / "chat_templates" / "qwen2.5-tools.jinja").read_text(), "test")
+    conversations = [[{"role": "system", "content": f"Rule {i}: {'é' * (i % 5)}"},
+                      {"role": "user", "content": f"Question {i} {'日本' * (i % 3)} " + "x" * i}] for i in range(64)]
+    alone = [template.render(c, True) for c in conversations]
+    with ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(lambda c: template.render(c, True), conversations)) == alone

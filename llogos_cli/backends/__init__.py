@@ -3,6 +3,7 @@
 Every backend implements the same methods on its own array type (NumPy on CPU, CuPy on GPU):
 
   loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · to_host(x) · decoder(model, cache)
+              load_threads · warm_up()
   batch       batch_layout(slots, pos)
   embedding   embed(table, ids)
   arithmetic  matmul(x, w) · add(a, b) · mul(a, b) · scale(x, s) · sigmoid(x) · silu(x) · softplus(x)
@@ -77,10 +78,10 @@ def cuda_available() -> bool:
         return False
 
 
-def get_backend(name: str, cpu_weights: str = "f32", batched: bool = False):
+def get_backend(name: str, cpu_weights: str = "f32", batched: bool = False, threads: tuple[int, int] = (0, 0)):
     """The backend `name` (cpu, cuda, auto); a CPU backend holds its weights as cpu_weights says
-    (f32 or quantized: see numpy_backend) and is told whether several sequences will decode
-    together (batched)."""
+    (f32 or quantized: see numpy_backend), is told whether several sequences will decode
+    together (batched), and computes on `threads` (-t, -tb; 0: auto, see cpu_threads)."""
     if name not in BACKENDS:
         raise LlogosError(f"unknown backend '{name}' (choose from {', '.join(BACKENDS)})")
     gpu = name != "cpu" and cuda_available()
@@ -95,5 +96,6 @@ def get_backend(name: str, cpu_weights: str = "f32", batched: bool = False):
                 raise
             from llogos_cli.console import warn
             warn(f"{e}; running on the CPU")
+    from llogos_cli.backends.cpu_threads import CpuThreads
     from llogos_cli.backends.numpy_backend import NumpyBackend
-    return NumpyBackend(cpu_weights, batched)
+    return NumpyBackend(cpu_weights, batched, CpuThreads(*threads))

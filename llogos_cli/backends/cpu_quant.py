@@ -48,9 +48,15 @@ class QuantMatmul:
 
     def __init__(self):
         self._tile = np.empty(0, np.float32)
-        # The decode kernel's first call loads it from numba's cache (~0.15 s): here, while the model
-        # loads, rather than inside the first prompt's time.
-        self._matvec(np.zeros((1, 32), np.float32), np.zeros((1, 34), np.uint8), T.Q8_0)
+
+    def warm_up(self) -> None:
+        """Call each kernel once, as products call them (weights read-only, as memory-mapped
+        from the file), so that compiling or loading them from numba's cache is done here."""
+        raw = np.zeros((1, 34), np.uint8)
+        raw.flags.writeable = False
+        self._matvec(np.zeros((1, 32), np.float32), raw, T.Q8_0)
+        self._tiled(np.zeros((MATVEC_MAX_TOKENS + 1, 32), np.float32), raw, T.Q8_0, 1, 32)
+        cpu_rows.warm_up()
 
     def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
         rows, cols = raw.shape[0], quants.row_elements(raw, qtype)

@@ -72,3 +72,11 @@ def matmul_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> 
     xt = np.empty((k_len, -(-n_tok // ROW_LANES) * ROW_LANES), np.float32)
     _product(np.ascontiguousarray(x, np.float32), w, xt, out)
     return out
+
+
+def warm_up() -> None:
+    """Compile the kernel, or load it from numba's cache, for the two kinds of output it is given:
+    a whole array, and a column range of one (the quantized path's tiles)."""
+    x, w = np.ones((2, 16), np.float32), np.ones((4, 16), np.float32)
+    matmul_rows(x, w)
+    matmul_rows(x, w, np.empty((2, 8), np.float32)[:, :4])

@@ -30,7 +30,7 @@ from llogos_cli.gguf import quants
 
 class CudaBackend:
     name = "cuda"
-    parallel_load = False        # uploads stay on the thread that owns the CUDA context and stream
+    load_threads = 1             # uploads stay on the thread that owns the CUDA context and stream
     default_cache_type = "f16"   # half the memory traffic of f32, as llama.cpp's default
 
     def __init__(self, kernels=None):
@@ -49,6 +49,9 @@ class CudaBackend:
 
     def matrix(self, raw: np.ndarray, qtype: GGMLQuantizationType, matmul: bool) -> QuantMatrix:
         return upload(self.xp, raw, qtype, matmul)  # products and lookups both read the quantized bytes
+
+    def warm_up(self) -> None:
+        """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
 
     def to_host(self, x) -> np.ndarray:
         return self.k.to_host(x)

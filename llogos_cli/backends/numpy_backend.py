@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends.numpy_attention import AttentionOps
+from llogos_cli.backends.cpu_threads import CpuThreads
+from llogos_cli.backends.numpy_attention import AttentionOps, Layout
 from llogos_cli.backends.numpy_recurrent import RecurrentOps
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
@@ -48,15 +49,16 @@ class Matrix:
 
 class NumpyBackend(AttentionOps, RecurrentOps):
     name = "cpu"
-    parallel_load = True         # weights may be prepared on several threads
     default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to
 
-    def __init__(self, weights: str = "f32", batched: bool = False):
+    def __init__(self, weights: str = "f32", batched: bool = False, threads: CpuThreads | None = None):
         """batched: several sequences will decode together, so float32 products of a few rows take
-        cpu_rows' kernel, which is worth numba's import (~0.4 s and ~100 MB at start-up) only then."""
+        cpu_rows' kernel, which is worth numba's import (~0.4 s and ~100 MB at start-up) only then.
+        threads: how many threads steps of one and of several tokens use (default: auto)."""
         if weights not in WEIGHTS:
             raise LlogosError(f"unknown CPU weights mode '{weights}' (choose from {', '.join(WEIGHTS)})")
         self.weights = weights
+        self.threads = threads or CpuThreads()
         self._rope_key = None
         self._rope_turn = None
         self._rows = None
@@ -82,8 +84,26 @@ class NumpyBackend(AttentionOps, RecurrentOps):
             return Matrix(raw, qtype, quants.dequantize(raw, qtype), True)   # e.g. a conv kernel (C, 4)
         return Matrix(raw, qtype, None, True)
 
+    @property
+    def load_threads(self) -> int:
+        """Threads that prepare weights at load time (NumPy releases the GIL while it dequantizes)."""
+        return self.threads.load_threads
+
+    def warm_up(self) -> None:
+        """Compile the kernels this backend will call (numba caches them: on a machine's first run
+        this takes seconds, later runs only load them), so no prompt's time includes it."""
+        if self._rows is not None:
+            self._rows.warm_up()
+        if self.weights == "quantized":
+            self._quant.warm_up()
+
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
+
+    def batch_layout(self, slots: np.ndarray, pos: np.ndarray) -> Layout:
+        # Once per forward pass: the step's thread count follows from how many tokens it runs.
+        self.threads.for_step(len(slots))
+        return super().batch_layout(slots, pos)
 
     def decoder(self, model, cache):
         """The decode step of R rows of the cache, one token each: -> logits (R, n_vocab)."""

@@ -71,14 +71,20 @@ def _here(o: dict) -> int:
     done = file_done(out_path) if o["resume"] else Done()
     total = _count_lines(source) if isinstance(source, Path) else None
     s = set_up(o, draw_seed())
-    err.print(f"[dim]{s.description}{f'; resuming after {len(done)} results' if done else ''}[/dim]")
-    with _lines(source) as lines:
-        writer = Writer(out_path, o["resume"], o["ordered"])
-        try:
-            return _run(s.engine, read_items(lines, s.tokenizer, s.chat, s.defaults, done), writer,
-                        None if total is None else max(total - len(done), 0))
-        finally:
-            writer.close()
+    err.print(f"[dim]{s.description}{_resuming(done)}[/dim]", soft_wrap=True)
+    tally = Tally(None if total is None else max(total - len(done), 0))
+    try:
+        with _lines(source) as lines:
+            writer = Writer(out_path, o["resume"], o["ordered"])
+            try:
+                return _run(s.engine, read_items(lines, s.tokenizer, s.chat, s.defaults, done), writer, tally)
+            finally:
+                writer.close()
+    except KeyboardInterrupt:
+        where = f" to {out_path}; the same command with --resume continues" if out_path else ""
+        err.print(f"[dim]interrupted: {tally.done} results ({tally.failed} failed) written{where}[/dim]",
+                  soft_wrap=True)
+        raise click.Abort from None   # reported: exit 130 without another line
 
 
 def _across_ray(o: dict) -> int:
@@ -86,22 +92,32 @@ def _across_ray(o: dict) -> int:
         return run_on_ray(o, lines, draw_seed())
 
 
-def _run(engine: BatchEngine, items, writer: Writer, total: int | None) -> int:
+def _resuming(done: Done) -> str:
+    if not done and not done.failed:
+        return ""
+    again = f", running the {done.failed} that failed again" if done.failed else ""
+    return f"; resuming after {len(done)} results{again}"
+
+
+def _run(engine: BatchEngine, items, writer: Writer, tally: Tally) -> int:
     """Feed the engine, write every result and error; the number of failures."""
-    number: dict[str, int] = {}   # in-flight request id -> its place in the input
+    in_flight: dict[str, tuple[int, int]] = {}   # request id -> its place in the input and its line number
 
     def requests():
-        for place, item in enumerate(items):
+        for place, (line, item) in enumerate(items):
             if isinstance(item, LineError):
                 writer.write(place, item.as_dict())
                 tally.add(failed=True)
                 continue
-            number[_key(item)] = place
+            in_flight[_key(item)] = place, line
             yield item
 
-    with Tally(total) as tally:
+    with tally:
         for result in engine.generate(requests()):
-            writer.write(number.pop(_key(result)), result.as_dict())
+            place, line = in_flight.pop(_key(result))
+            # A prompt the engine refuses (too long for -c, say) is reported as a bad line is.
+            record = result.as_dict() if result.error is None else LineError(result.id, line, result.error).as_dict()
+            writer.write(place, record)
             tally.add(len(result.tokens), result.error is not None)
     tally.summary()
     return tally.failed

@@ -33,13 +33,13 @@ class Defaults:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """What earlier runs wrote, for --resume: the ids (JSON-spelled) with results, and the numbers
-    of the lines reported as errors (an error's id may be a line number, or the id of another line)."""
+    """What earlier runs wrote, for --resume: the ids (JSON-spelled) with results, and how many
+    error lines were taken out of the output so that their prompts run again."""
     ids: frozenset[str] = frozenset()
-    lines: frozenset[int] = frozenset()
+    failed: int = 0
 
     def __len__(self) -> int:
-        return len(self.ids) + len(self.lines)
+        return len(self.ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +61,14 @@ class Line:
 
 
 def read_items(lines: Iterable[str], tokenizer, chat: ChatFormat | None, defaults: Defaults,
-               done: Done = Done()) -> Iterator[Request | LineError]:
-    """Requests (or LineErrors) in input order; what is `done` already (for --resume) is passed over."""
+               done: Done = Done()) -> Iterator[tuple[int, Request | LineError]]:
+    """Requests (or LineErrors) in input order, each with its line number; what is `done` already
+    (for --resume) is passed over."""
     for item in read_lines(lines, done):
-        yield item if isinstance(item, LineError) else to_request(item, tokenizer, chat, defaults)
+        if isinstance(item, LineError):
+            yield item.line, item
+        else:
+            yield item.number, to_request(item, tokenizer, chat, defaults)
 
 
 def read_lines(lines: Iterable[str], done: Done = Done()) -> Iterator[Line | LineError]:
@@ -72,15 +76,13 @@ def read_lines(lines: Iterable[str], done: Done = Done()) -> Iterator[Line | Lin
     is done passed over and repeated ids reported. Whether the input is JSON is decided by
     its first non-blank line, and duplicates by all lines before, so this runs over the whole input
     in one place; to_request, the second half, can then run anywhere."""
-    seen: set[str] = set()
+    seen: dict[str, int] = {}   # id -> the line that has it
     is_json = None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         if is_json is None:
             is_json = line.lstrip().startswith("{")
-        if number in done.lines:
-            continue
         try:
             fields = _parse_json(line) if is_json else {"prompt": line.rstrip("\r\n")}
         except LlogosError as e:
@@ -89,9 +91,10 @@ def read_lines(lines: Iterable[str], done: Done = Done()) -> Iterator[Line | Lin
         rid = fields.get("id", number)
         key = json.dumps(rid, sort_keys=True)
         if key in seen:
-            yield LineError(rid, number, f"duplicate id {key} (each line needs its own id)")
+            yield LineError(rid, number, f"duplicate id {key}: line {seen[key]} has it, so this line is not run "
+                                         "(each line needs its own id)")
             continue
-        seen.add(key)   # done or not, so that a later line repeating it is still caught
+        seen[key] = number   # done or not, so that a later line repeating it is still caught
         if key not in done.ids:
             yield Line(rid, number, fields)
 
@@ -108,7 +111,10 @@ def _parse_json(line: str) -> dict:
     try:
         fields = json.loads(line)
     except json.JSONDecodeError as e:
-        raise LlogosError(f"not valid JSON: {e.msg} at column {e.colno}") from None
+        # json's messages are capitalised and some end in "at", expecting a position to follow.
+        what = e.msg.removesuffix(" at")
+        where = "the end of the line" if e.pos >= len(line.rstrip()) else f"column {e.pos + 1}"
+        raise LlogosError(f"{what[0].lower()}{what[1:]} at {where}: not valid JSON") from None
     if not isinstance(fields, dict):
         raise LlogosError("a line must be a JSON object with \"prompt\" or \"messages\"")
     rid = fields.get("id")
@@ -156,6 +162,8 @@ def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: Defaults)
             raise LlogosError("\"logprobs\" must be the number of top log-probabilities to report")
         n_logprobs = int(n_logprobs)
     overrides = {field: _typed(fields, name, kinds) for name, (field, kinds) in _SAMPLING.items() if name in fields}
+    if overrides.get("seed") == -1:   # llama.cpp's "draw a seed": the row's own, as without "seed"
+        del overrides["seed"]
     overrides.setdefault("seed", row_seed(d.seed, rid))
     return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs)
 

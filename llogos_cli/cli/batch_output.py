@@ -2,8 +2,9 @@
 
 Every line reaches the file in one write, so a run stopped by Ctrl-C or a kill leaves only
 complete lines (at worst a torn last line, if the kill lands inside a write, which --resume cuts
-off). --resume reads what is already there (the ids with results, the lines with errors) and
-appends the rest; --ordered holds results back until every earlier input line has its own.
+off). --resume reads the ids that already have results and appends the rest, the lines that
+failed included: their error lines are taken out of the file first, so it still holds one line
+per input line. --ordered holds results back until every earlier input line has its own.
 
 A run across a Ray cluster writes a directory instead, each run into a part-NNNNN.jsonl of its
 own, and --resume reads them all.
@@ -20,29 +21,44 @@ from llogos_cli.errors import LlogosError
 
 
 def file_done(path: Path) -> Done:
-    """What the complete lines of an output file hold; a torn last line is cut off the file so
+    """The ids an output file holds results for. Its error lines are taken out, to be run again (the
+    input line may have been fixed, or -c raised, since), and a torn last line is cut off so that
     appending continues on a fresh line."""
     try:
-        with open(path, "rb+") as f:
-            data = f.read()
-            end = data.rfind(b"\n") + 1
-            if end < len(data):
-                f.truncate(end)
+        data = path.read_bytes()
     except FileNotFoundError:
         return Done()
     except OSError as e:
         raise LlogosError(f"cannot read {path} to resume: {e.strerror}") from None
-    ids, lines = set(), set()
-    for line in data[:end].splitlines():
+    end = data.rfind(b"\n") + 1
+    ids, kept, failed = set(), [], 0
+    for line in data[:end].splitlines(keepends=True):
         try:
             record = json.loads(line)
-            if "line" in record:   # an input line's error, whose id may be another line's
-                lines.add(int(record["line"]))
-            else:
-                ids.add(json.dumps(record["id"], sort_keys=True))
-        except (ValueError, KeyError, TypeError):
+            if not isinstance(record, dict) or "id" not in record:
+                raise ValueError
+        except ValueError:
             raise LlogosError(f"{path} has a line that is not a llogos batch result; not resuming into it") from None
-    return Done(frozenset(ids), frozenset(lines))
+        if "error" in record:
+            failed += 1
+        else:
+            ids.add(json.dumps(record["id"], sort_keys=True))
+            kept.append(line)
+    try:
+        if failed:
+            _replace(path, b"".join(kept))
+        elif end < len(data):
+            os.truncate(path, end)
+    except OSError as e:
+        raise LlogosError(f"cannot update {path} to resume: {e.strerror}") from None
+    return Done(frozenset(ids), failed)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Give the file new contents through a renamed copy, so that a kill never leaves it half written."""
+    temporary = path.with_name(path.name + ".resuming")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
 
 
 def parts(folder: Path) -> list[Path]:
@@ -52,7 +68,7 @@ def parts(folder: Path) -> list[Path]:
 
 def folder_done(folder: Path) -> Done:
     done = [file_done(p) for p in parts(folder)]
-    return Done(frozenset().union(*(d.ids for d in done)), frozenset().union(*(d.lines for d in done)))
+    return Done(frozenset().union(*(d.ids for d in done)), sum(d.failed for d in done))
 
 
 def new_part(folder: Path) -> Path:

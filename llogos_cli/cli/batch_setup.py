@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llogos_cli.cli.batch_input import Defaults
-from llogos_cli.cli.options import cache_types, chat_format_or_none, sampling_params
+from llogos_cli.cli.options import cache_types, chat_format_or_none, sampling_params, threads
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.engine.stops import StopCriteria
@@ -41,6 +41,6 @@ def set_up(o: dict, seed: int) -> BatchSetup:
     defaults = Defaults(params, StopCriteria(o["n_predict"], tuple(o["stop"]), o["ignore_eos"]), o["logprobs"],
                         params.seed if params.seed is not None else seed)
     n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
-    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"])
+    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"], threads=threads(o))
     engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"])
     return BatchSetup(tok, chat, defaults, engine, f"{o['parallel']} slots of {n_ctx} tokens on {m.model.b.name}")

@@ -11,21 +11,26 @@ from llogos_cli.cli.options import (
     chat_format,
     drop_newline,
     model_options,
-    read_prompt,
     sampling_options,
     sampling_params,
     template_options,
+    threads,
 )
 from llogos_cli.cli.repl import Repl, stream
-from llogos_cli.console import err, notice
+from llogos_cli.cli.text_input import read_file, read_stdin
+from llogos_cli.console import err, notice, warn
 from llogos_cli.engine.chat import Chat
 from llogos_cli.engine.conversation import Message, read_messages, with_system
 from llogos_cli.engine.sampling import Sampler
 from llogos_cli.engine.session import Session
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load, open_model
+from llogos_cli.model.registry import ModelEntry
 
 _FILE = click.Path(path_type=Path, dir_okay=False)
+# GGUF `general.finetune` values that name a pretrained checkpoint: convert_hf_to_gguf takes the
+# finetune from the model's name (Qwen3-0.6B-Base, gemma-3-1b-pt).
+_BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 
 
 @cli.command()
@@ -53,7 +58,9 @@ def chat(**o):
         raise LlogosError("give the system prompt either with --system or with --system-file, not both")
     if o["interactive"] and not sys.stdin.isatty():
         raise LlogosError("-i/--interactive needs a terminal on stdin")
-    system = o["system"] if o["system_file"] is None else read_prompt(None, o["system_file"])
+    system = o["system"]
+    if o["system_file"] is not None:
+        system = drop_newline(read_file(o["system_file"], "system prompt file"))
     messages = with_system(read_messages(o["messages"]) if o["messages"] else [], system)
     interactive = sys.stdin.isatty() and (o["messages"] is None or o["interactive"])
     if not interactive:
@@ -66,15 +73,18 @@ def chat(**o):
         sys.stdout.write(fmt.text(messages))
         sys.stdout.flush()
         return
+    name = mf.entry.name if mf.entry else mf.path.name
+    if _base_model(mf.file.meta, mf.entry):
+        warn(f"{name} is a base model, not tuned to chat: it continues the conversation as text, so its replies "
+             "may be gibberish that runs on until the context fills (`llogos generate` suits it better)")
     n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
     sampler = Sampler(sampling_params(o, mf.sampling_defaults), n_ctx)
-    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o))
+    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
     session = Session(m.model, n_ctx, cache_types(o))
     conversation = Chat(fmt, session, sampler, o["n_predict"], messages)
     if interactive:
         if o["simple_io"]:
             err.no_color = True
-        name = mf.entry.name if mf.entry else mf.path.name
         notice(f"chatting with {name} (template: {fmt.template.origin}); /help for commands, Ctrl-D to leave")
         Repl(conversation, o["simple_io"], o["stats"]).run()
         return
@@ -86,9 +96,14 @@ def chat(**o):
 
 def _piped_message(required: bool) -> list[Message]:
     """The user message piped on stdin (one trailing newline dropped, as for prompts), if any."""
-    text = "" if sys.stdin.isatty() else drop_newline(sys.stdin.read())
+    text = "" if sys.stdin.isatty() else drop_newline(read_stdin("the message"))
     if text.strip():
         return [Message("user", text)]
     if required:
         raise LlogosError("no message on stdin: pipe one in, run in a terminal to chat, or give --messages FILE")
     return []
+
+
+def _base_model(meta: dict, entry: ModelEntry | None) -> bool:
+    """Whether models.toml or the GGUF's metadata says the model was not instruction-tuned."""
+    return (entry is not None and entry.base) or str(meta.get("general.finetune", "")).lower() in _BASE_FINETUNES

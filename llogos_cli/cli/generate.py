@@ -16,6 +16,7 @@ from llogos_cli.cli.options import (
     sampling_options,
     sampling_params,
     template_options,
+    threads,
 )
 from llogos_cli.cli.report import print_stats
 from llogos_cli.console import err
@@ -78,7 +79,7 @@ def generate(**o):
         raise LlogosError("the prompt is empty after tokenization")
     n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
     check_fits(len(ids), n_ctx)   # before the weights load
-    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o))
+    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
     session = Session(m.model, n_ctx, cache_types(o))
     gen = Generation(session, tok, ids, Sampler(params, n_ctx),
                      StopCriteria(o["n_predict"], tuple(o["stop"]) + (chat.stop_strings() if chat else ()),

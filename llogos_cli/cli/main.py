@@ -33,8 +33,4 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("\n[dim]interrupted[/dim]")
         code = 130
-    except BrokenPipeError:
-        # The reader of stdout went away (e.g. `| head`): stop quietly, like other Unix tools.
-        sys.stdout = None
-        code = 0
     sys.exit(code if isinstance(code, int) else 0)

@@ -7,12 +7,19 @@ from pathlib import Path
 import click
 
 from llogos_cli.backends import BACKENDS, CACHE_TYPES
+from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.registry import ModelEntry
 from llogos_cli.tokenizer import chat_template
 from llogos_cli.tokenizer.tokenizer import Tokenizer
+
+
+def _random_seed(ctx, param, seed: int | None) -> int | None:
+    # llama.cpp spells "draw a seed" -1 (its default), so scripts written for it pass that.
+    return None if seed == -1 else seed
+
 
 # Sampling flags, each with llama.cpp's name and meaning. Defaults live in SamplingParams so a
 # model's [models.X.sampling] table in models.toml can sit between them and the command line.
@@ -25,7 +32,8 @@ _SAMPLING = [
     click.option("--repeat-last-n", type=int, help="How many recent tokens the penalties look at; -1 = context. [default: 64]"),
     click.option("--presence-penalty", type=float, help="Subtract this from seen tokens' logits. [default: 0]"),
     click.option("--frequency-penalty", type=float, help="Subtract this times each token's count. [default: 0]"),
-    click.option("--seed", type=int, help="Random seed; the same seed gives the same output. [default: random]"),
+    click.option("--seed", type=int, callback=_random_seed,
+                 help="Random seed; the same seed gives the same output; -1 draws one. [default: random]"),
 ]
 
 CPU_WEIGHTS = ("auto", "quantized", "f32")
@@ -53,6 +61,11 @@ _MODEL = [
                  "[default: f32 on cpu, f16 on cuda]"),
     click.option("--cache-type-v", type=click.Choice(CACHE_TYPES), help="KV cache type for values. "
                  "[default: f32 on cpu, f16 on cuda]"),
+    click.option("-t", "--threads", type=click.IntRange(min=0), default=0, help="Threads for generating "
+                 "(steps of one token); 0 = auto: the cores other processes leave free, looked at again "
+                 "every few seconds. [default: 0]"),
+    click.option("-tb", "--threads-batch", type=click.IntRange(min=0), default=0,
+                 help="Threads for prompts and batches of sequences; 0 = auto. [default: 0]"),
     click.option("--offline", is_flag=True, expose_value=False, callback=_go_offline,
                  help="Never install a models.toml model on first use (as LLOGOS_OFFLINE=1)."),
 ]
@@ -96,19 +109,20 @@ def cache_types(opts: dict) -> tuple[str | None, str | None]:
     return opts.get("cache_type_k"), opts.get("cache_type_v")
 
 
+def threads(opts: dict) -> tuple[int, int]:
+    """-t and -tb (0: auto)."""
+    return opts.get("threads") or 0, opts.get("threads_batch") or 0
+
+
 def read_prompt(prompt: str | None, file: Path | None) -> str | None:
     """The prompt from -p, -f, or piped stdin (-p - reads stdin too). One trailing newline of a
     file or of stdin is dropped, as llama.cpp does for -f, so `echo text |` means "text"."""
     if prompt is not None and file is not None:
         raise LlogosError("give the prompt either with -p or with -f, not both")
     if file is not None:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise LlogosError(f"cannot read prompt file {file}: {e}") from None
-        return drop_newline(text)
+        return drop_newline(read_file(file, "prompt file"))
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        text = sys.stdin.read()
+        text = read_stdin("the prompt")
         if not text.strip():
             raise LlogosError("the prompt on stdin is empty")
         return drop_newline(text)

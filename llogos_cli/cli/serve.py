@@ -19,6 +19,7 @@ from llogos_cli.cli.options import (
     sampling_options,
     sampling_params,
     template_options,
+    threads,
 )
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
@@ -79,7 +80,7 @@ def serve(**o):
 
     def load_then_run(loop):
         try:
-            m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"])
+            m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"], threads=threads(o))
             engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"])
         except (LlogosError, MemoryError) as e:
             failure.append(e)
@@ -88,8 +89,9 @@ def serve(**o):
         thread = EngineThread(engine, loop, o["parallel"], o["queue_size"], hub.metrics)
         thread.start()
         hub.service = Service(thread, tok, chat, Defaults(params, o["n_predict"]), n_ctx)
-        err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.b.name}, {o['parallel']} slots "
-                  f"of {n_ctx} tokens)", markup=False, highlight=False, soft_wrap=True)
+        slots = f"{o['parallel']} slot{'s' if o['parallel'] > 1 else ''}"
+        err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.b.name}, {slots} of {n_ctx} tokens)",
+                  markup=False, highlight=False, soft_wrap=True)
 
     def close():
         if hub.service is not None:
@@ -104,6 +106,7 @@ def serve(**o):
     run(app, sock, GRACE_S, close)
     if failure:
         raise failure[0]
+    err.print("llogos serve: stopped", markup=False, highlight=False)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -12,12 +12,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import cache_types, model_options, read_prompt
+from llogos_cli.cli.options import cache_types, model_options, read_prompt, threads
 from llogos_cli.console import err
 from llogos_cli.engine.perplexity import perplexity
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import memory
-from llogos_cli.model.loader import load, open_model
+from llogos_cli.model.loader import ModelFile, load, open_model
 from llogos_cli.model.registry import (
     find_entry,
     is_installed,
@@ -30,18 +30,18 @@ from llogos_cli.tokenizer.tokenizer import Tokenizer
 out = Console(highlight=False, soft_wrap=True)
 
 
+# tokenize and info need only the model, not the loading options of the commands that run one.
+_model_option = click.option("-m", "--model", "model_name", metavar="NAME|PATH",
+                             help="A name from models.toml or a path to a .gguf file. [default: models.toml's default]")
+
+
 @cli.command()
 def models():
     """List the models in models.toml and whether each is installed."""
     default, entries = load_registry()
-    table = Table(box=None, pad_edge=False)
-    for column in ("name", "installed", "description", "source"):
-        table.add_column(column)
-    for name, e in entries.items():
-        source = e.package + (f" + {len(e.parts)} parts" if e.parts else "")
-        table.add_row(name + (" (default)" if name == default else ""), "yes" if is_installed(e) else "no",
-                      e.description, source)
-    out.print(table)
+    rows = [(name + (" (default)" if name == default else ""), "yes" if is_installed(e) else "no", e.description,
+             e.package + (f" + {len(e.parts)} parts" if e.parts else "")) for name, e in entries.items()]
+    _print_table(rows, ("name", "installed", "description", "source"))
 
 
 @cli.command()
@@ -63,60 +63,108 @@ def pull(names, force):
 
 @cli.command()
 @click.argument("model", required=False)
-def info(model):
-    """Architecture, sizes, tensor types and tokenizer facts of MODEL."""
-    mf = open_model(model)
-    path, f, cfg, tok = mf.path, mf.file, mf.cfg, mf.tokenizer
-    n_params = sum(math.prod(t.shape) for t in f.tensors.values())
-    rows = [("file", str(path)), ("size", f"{f.size / 1e6:.1f} MB"),
-            ("name", str(f.meta.get("general.name", "?"))), ("architecture", cfg.arch),
-            ("parameters", f"{n_params / 1e6:.1f} M"), ("trained context", str(cfg.n_ctx_train)),
-            ("embedding", str(cfg.n_embd)), ("layers", str(cfg.n_layer)),
-            ("attention heads", f"{cfg.n_head} query, {cfg.n_head_kv} key/value; head size "
-                                f"{cfg.head_dim_k} (k) / {cfg.head_dim_v} (v)"),
-            ("feed-forward", f"{cfg.n_ff} ({'GeGLU' if cfg.gelu_ffn else 'SwiGLU'})"),
-            ("rope", f"{'half-split (neox)' if cfg.rope_neox else 'adjacent pairs'}, {cfg.rope_dims} dims, "
-                     f"base {', '.join(f'{b:g}' for b in sorted(set(cfg.rope_base)))}")]
+@_model_option
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as one JSON object.")
+def info(model, model_name, as_json):
+    """Architecture, sizes, tensor types and tokenizer facts of the model (-m, or MODEL)."""
+    if model is not None and model_name is not None:
+        raise click.UsageError("give the model once: with -m or as MODEL")
+    facts = _facts(open_model(model_name or model))
+    if as_json:
+        click.echo(json.dumps(facts, ensure_ascii=False))
+    else:
+        _print_table(_info_rows(facts))
+
+
+def _facts(mf: ModelFile) -> dict:
+    """What `info` reports, as JSON values: --json prints them and the table is made from them."""
+    f, cfg, tok = mf.file, mf.cfg, mf.tokenizer
+    facts = {"file": str(mf.path), "size_bytes": f.size, "name": f.meta.get("general.name"), "architecture": cfg.arch,
+             "parameters": sum(math.prod(t.shape) for t in f.tensors.values()), "trained_context": cfg.n_ctx_train,
+             "embedding": cfg.n_embd, "layers": cfg.n_layer,
+             "attention": {"heads": cfg.n_head, "heads_kv": cfg.n_head_kv, "head_dim_k": cfg.head_dim_k,
+                           "head_dim_v": cfg.head_dim_v},
+             "feed_forward": {"size": cfg.n_ff, "activation": "GeGLU" if cfg.gelu_ffn else "SwiGLU"},
+             "rope": {"neox": cfg.rope_neox, "dims": cfg.rope_dims, "bases": sorted(set(cfg.rope_base))}}
     if any(cfg.window):
-        pattern = "".join("S" if w else "G" for w in cfg.window)
-        rows.append(("sliding window", f"{max(cfg.window)} tokens; layers {pattern} (S sliding, G global)"))
+        facts["sliding_window"] = {"tokens": max(cfg.window), "layers": "".join("S" if w else "G" for w in cfg.window)}
     if cfg.ssm:
-        pattern = "".join("R" if r else "A" for r in cfg.recurrent)
         s = cfg.ssm
-        rows += [("hybrid layers", f"{pattern} (R Gated DeltaNet, A attention)"),
-                 ("recurrent state", f"{s.state_floats} floats per layer ({s.n_v_heads} value heads of "
-                                     f"{s.head_v_dim}x{s.head_k_dim}, conv width {s.conv_kernel})")]
-    types = Counter(t.type_name for t in f.tensors.values())
-    rows.append(("tensor types", ", ".join(f"{k} {v}" for k, v in types.most_common())))
+        facts["hybrid"] = {"layers": "".join("R" if r else "A" for r in cfg.recurrent),
+                           "state_floats_per_layer": s.state_floats, "value_heads": s.n_v_heads,
+                           "head_v_dim": s.head_v_dim, "head_k_dim": s.head_k_dim, "conv_width": s.conv_kernel}
+    facts["tensor_types"] = dict(Counter(t.type_name for t in f.tensors.values()).most_common())
     n_ctx = mf.n_ctx(None)
     weights, why = memory.choose_cpu_weights(f, cfg, "auto", n_ctx, "f32", "f32")
-    need = memory.need(f, cfg, weights, n_ctx, "f32", "f32")
-    rows.append(("cpu weights", f"{weights} ({why}); needs {need.total / memory.GiB:.2f} GiB "
-                                f"at -c {n_ctx}, {memory.host_available() / memory.GiB:.1f} GiB available"))
-    rows += [("tokenizer", f"{f.meta.get('tokenizer.ggml.model')} (pre: {f.meta.get('tokenizer.ggml.pre', '-')}), "
-                           f"{tok.n_vocab} tokens"),
-             ("special tokens", f"BOS {_show(tok, tok.bos_id)} (added: {'yes' if tok.add_bos else 'no'}), "
-                                f"EOS {_show(tok, tok.eos_id)}"),
-             ("end of generation", ", ".join(_show(tok, i) for i in sorted(tok.eog_ids))),
-             ("chat template", "yes" if f.meta.get("tokenizer.chat_template") else "none in file")]
-    table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
-    for k, v in rows:
-        table.add_row(k, v)
+    facts["cpu_weights"] = {"held": weights, "why": why, "ctx": n_ctx,
+                            "bytes_needed": memory.need(f, cfg, weights, n_ctx, "f32", "f32").total,
+                            "bytes_available": memory.host_available()}
+    facts["tokenizer"] = {"model": f.meta.get("tokenizer.ggml.model"), "pre": f.meta.get("tokenizer.ggml.pre"),
+                          "n_vocab": tok.n_vocab, "bos": _token(tok, tok.bos_id), "add_bos": tok.add_bos,
+                          "eos": _token(tok, tok.eos_id), "end_of_generation": [_token(tok, i) for i in sorted(tok.eog_ids)]}
+    facts["chat_template"] = bool(f.meta.get("tokenizer.chat_template"))
+    return facts
+
+
+def _info_rows(x: dict) -> list[tuple[str, str]]:
+    att, ffn, rope, cpu, tok = x["attention"], x["feed_forward"], x["rope"], x["cpu_weights"], x["tokenizer"]
+    rows = [("file", x["file"]), ("size", f"{x['size_bytes'] / 1e6:.1f} MB"), ("name", str(x["name"] or "?")),
+            ("architecture", x["architecture"]), ("parameters", f"{x['parameters'] / 1e6:.1f} M"),
+            ("trained context", str(x["trained_context"])), ("embedding", str(x["embedding"])),
+            ("layers", str(x["layers"])),
+            ("attention heads", f"{att['heads']} query, {att['heads_kv']} key/value; head size "
+                                f"{att['head_dim_k']} (k) / {att['head_dim_v']} (v)"),
+            ("feed-forward", f"{ffn['size']} ({ffn['activation']})"),
+            ("rope", f"{'half-split (neox)' if rope['neox'] else 'adjacent pairs'}, {rope['dims']} dims, "
+                     f"base {', '.join(f'{b:g}' for b in rope['bases'])}")]
+    if "sliding_window" in x:
+        window = x["sliding_window"]
+        rows.append(("sliding window", f"{window['tokens']} tokens; layers {window['layers']} (S sliding, G global)"))
+    if "hybrid" in x:
+        h = x["hybrid"]
+        rows += [("hybrid layers", f"{h['layers']} (R Gated DeltaNet, A attention)"),
+                 ("recurrent state", f"{h['state_floats_per_layer']} floats per layer ({h['value_heads']} value heads "
+                                     f"of {h['head_v_dim']}x{h['head_k_dim']}, conv width {h['conv_width']})")]
+    rows += [("tensor types", ", ".join(f"{k} {v}" for k, v in x["tensor_types"].items())),
+             ("cpu weights", f"{cpu['held']} ({cpu['why']}); needs {cpu['bytes_needed'] / memory.GiB:.2f} GiB at "
+                             f"-c {cpu['ctx']}, {cpu['bytes_available'] / memory.GiB:.1f} GiB available"),
+             ("tokenizer", f"{tok['model']} (pre: {tok['pre'] or '-'}), {tok['n_vocab']} tokens"),
+             ("special tokens", f"BOS {_show(tok['bos'])} (added: {'yes' if tok['add_bos'] else 'no'}), "
+                                f"EOS {_show(tok['eos'])}"),
+             ("end of generation", ", ".join(_show(t) for t in tok["end_of_generation"])),
+             ("chat template", "yes" if x["chat_template"] else "none in file")]
+    return rows
+
+
+def _print_table(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> None:
+    """Aligned columns on a terminal, long values folded onto more lines rather than cut. Into a
+    pipe or file, tab-separated lines instead: there a table would be cut to 80 columns and padded,
+    and a script needs every value whole (the file's path, say)."""
+    if not out.is_terminal:
+        for row in ([header] if header else []) + rows:
+            click.echo("\t".join(row))
+        return
+    table = Table(box=None, pad_edge=False, show_header=header is not None)
+    for i, column in enumerate(header or ("", "")):
+        table.add_column(column, style="bold" if i == 0 else None, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
 
 
 @cli.command()
-@click.argument("model")
-@click.argument("text")
+@click.argument("args", nargs=-1, metavar="[MODEL] [TEXT]")
+@_model_option
 @click.option("--pieces", is_flag=True, help="Show each token's text beside its id.")
 @click.option("--no-bos", is_flag=True, help="Do not add BOS even if the model asks for it.")
 @click.option("--no-parse-special", is_flag=True, help="Treat special-token text as plain text.")
-def tokenize(model, text, pieces, no_bos, no_parse_special):
-    """Print the token ids of TEXT ('-' reads stdin) under MODEL's tokenizer."""
-    if text == "-":
-        text = read_prompt("-", None)
+def tokenize(args, model_name, pieces, no_bos, no_parse_special):
+    """Print the token ids of TEXT under the model's tokenizer (-m, or MODEL before TEXT). Without
+    TEXT, or with '-', the text is read from stdin (one trailing newline dropped)."""
+    model, text = _model_and_text(args, model_name)
+    text = read_prompt(text, None)
+    if text is None:
+        raise LlogosError("no text: give TEXT, or pipe it on stdin")
     tok = open_model(model).tokenizer
     ids = tok.encode(text, add_bos=False if no_bos else None, parse_special=not no_parse_special)
     if pieces:
@@ -124,6 +172,15 @@ def tokenize(model, text, pieces, no_bos, no_parse_special):
             click.echo(f"{i:>7} {json.dumps(tok.piece(i), ensure_ascii=False)}")
     else:
         click.echo(json.dumps(ids))
+
+
+def _model_and_text(args: tuple[str, ...], model_name: str | None) -> tuple[str | None, str | None]:
+    """tokenize's words: [TEXT] with -m or the default model, or MODEL TEXT as before -m existed."""
+    if len(args) == 2 and model_name is None:
+        return args[0], args[1]
+    if len(args) > 1:
+        raise click.UsageError("give TEXT as one argument (quoted) and the model with -m")
+    return model_name, args[0] if args else None
 
 
 @cli.command(name="perplexity")
@@ -137,7 +194,7 @@ def perplexity_cmd(file, chunks, as_json, **o):
     text = read_prompt(None, file)
     mf = open_model(o["model_name"])
     n_ctx = 512 if o["ctx_size"] is None else mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
-    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o))
+    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
     run = functools.partial(perplexity, m.model, m.tokenizer, text, n_ctx, chunks,
                             cache_types=cache_types(o))
     if err.is_terminal:
@@ -154,5 +211,9 @@ def perplexity_cmd(file, chunks, as_json, **o):
                    f"({result.n_chunks} chunks of {n_ctx} tokens, {result.scored_tokens} scored)")
 
 
-def _show(tok: Tokenizer, token_id: int | None) -> str:
-    return "-" if token_id is None else f"{token_id} {json.dumps(tok.piece(token_id), ensure_ascii=False)}"
+def _token(tok: Tokenizer, token_id: int | None) -> dict | None:
+    return None if token_id is None else {"id": token_id, "text": tok.piece(token_id)}
+
+
+def _show(token: dict | None) -> str:
+    return "-" if token is None else f"{token['id']} {json.dumps(token['text'], ensure_ascii=False)}"

@@ -4,7 +4,6 @@ Family differences are flags in ModelConfig; tensors are looked up by their GGUF
 """
 
 import dataclasses
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ class Model:
             return backend.matrix(raw, info.ggml_type, matmul=in_products)
 
         # NumPy releases the GIL while it dequantizes: loading on every core halves start-up.
-        with ThreadPoolExecutor(os.cpu_count() if backend.parallel_load else 1) as pool:
+        with ThreadPoolExecutor(backend.load_threads) as pool:
             self.w = dict(zip(f.tensors, pool.map(load, f.tensors)))
         # What one decode step streams from memory: the basis of the bandwidth figure.
         self.weight_bytes = sum(w.nbytes for w in self.w.values())

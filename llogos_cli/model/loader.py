@@ -4,12 +4,13 @@ Opening (the file's header, the config and the tokenizer) is cheap and comes fir
 input is reported before the weights are read; loading the weights is the slow part.
 """
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from llogos_cli.backends import get_backend
-from llogos_cli.console import err, warn
+from llogos_cli.console import err, notice, warn
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model import memory
@@ -19,6 +20,7 @@ from llogos_cli.model.registry import ModelEntry, resolve_model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_MAX_CTX = 4096
+COMPILE_NOTICE_S = 1.0   # loading compiled kernels from numba's cache takes less than this; compiling them, seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +77,10 @@ def open_model(name_or_path: str | None) -> ModelFile:
 
 def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str = "auto",
          n_ctx: int | None = None, cache_types: tuple[str | None, str | None] = (None, None),
-         n_slots: int = 1) -> Loaded:
+         n_slots: int = 1, threads: tuple[int, int] = (0, 0)) -> Loaded:
     """The weights on the backend, from an opened ModelFile or a -m value. Before any weight is read,
     a model that would not fit in memory with n_slots contexts of n_ctx tokens (default: the default
-    -c) is refused with a one-line LlogosError."""
+    -c) is refused with a one-line LlogosError. threads: -t and -tb (0: auto)."""
     if not isinstance(source, ModelFile):
         source = open_model(source)
     t0 = time.perf_counter()
@@ -86,7 +88,7 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
     n_ctx = n_ctx or source.n_ctx(None)
     type_k, type_v = cache_types
     weights, why = memory.choose_cpu_weights(f, cfg, cpu_weights, n_ctx, type_k or "f32", type_v or "f32", n_slots)
-    b = get_backend(backend, weights, batched=n_slots > 1)
+    b = get_backend(backend, weights, batched=n_slots > 1, threads=threads)
     held = "cuda" if b.name == "cuda" else weights
     need = memory.need(f, cfg, held, n_ctx, type_k or b.default_cache_type, type_v or b.default_cache_type, n_slots)
     available = memory.gpu_available() if held == "cuda" else memory.host_available()
@@ -96,4 +98,18 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
         note = f"cpu weights {weights} ({why}); {note}"
     with err.status(f"loading {source.path.name}", spinner="dots"):
         model = Model(f, b)
+        _warm_up(b)
     return Loaded(source, model, source.open_ms + (time.perf_counter() - t0) * 1e3, note)
+
+
+def _warm_up(backend) -> None:
+    """The backend's kernels ready before the first prompt, so that its timings never include
+    compiling them. That happens once a machine (the compiled code is cached), and takes long
+    enough to say so."""
+    told = threading.Timer(COMPILE_NOTICE_S, notice, ("compiling CPU kernels (once on this machine; "
+                                                      "later runs load them from the cache)",))
+    told.start()
+    try:
+        backend.warm_up()
+    finally:
+        told.cancel()

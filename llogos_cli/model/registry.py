@@ -38,6 +38,7 @@ class ModelEntry:
     sha256: str | None = None
     parts: tuple[Part, ...] = ()
     chat_template: str | None = None
+    base: bool = False                # pretrained only, not instruction-tuned: `chat` warns
     sampling: dict = field(default_factory=dict)
 
     @property
@@ -56,7 +57,8 @@ def load_registry() -> tuple[str, dict[str, ModelEntry]]:
         models = {name: ModelEntry(name=name, description=m.get("description", ""), package=m["package"],
                                    module=m["module"], file=m["file"], sha256=m.get("sha256"),
                                    parts=tuple(Part(p["package"], p["module"]) for p in m.get("parts", ())),
-                                   chat_template=m.get("chat_template"), sampling=dict(m.get("sampling", {})))
+                                   chat_template=m.get("chat_template"), base=m.get("base") is True,
+                                   sampling=dict(m.get("sampling", {})))
                   for name, m in data.get("models", {}).items()}
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as e:
         raise LlogosError(f"cannot read model registry {path}: {e}") from None

@@ -37,6 +37,7 @@ from llogos_cli.server.prepare import (
     prepare_completion,
 )
 from llogos_cli.server.render import DONE, ChatRenderer, CompletionRenderer, sse
+from llogos_cli.server.request_log import RequestLog
 
 RETRY_AFTER_S = 1   # what a client told the queue is full should wait before trying again
 
@@ -77,6 +78,7 @@ def create_app(hub: Hub, max_body: int = MAX_BODY) -> FastAPI:
 
     app = FastAPI(title="llogos", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_body)
+    app.add_middleware(RequestLog)   # outermost: it also sees what BodyLimit refuses
 
     def authorized(authorization: str | None = Header(None)) -> None:
         check_key(hub.api_key, authorization)

@@ -5,7 +5,7 @@ prompt take real time. Anything the client got wrong is an ApiError (a 400) here
 request reaches the engine.
 """
 
-import itertools
+import secrets
 from dataclasses import dataclass, replace
 
 from llogos_cli.engine.batch import Request
@@ -20,7 +20,8 @@ from llogos_cli.server.schemas import ChatCompletionRequest, CompletionRequest
 _SAMPLING = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
              "repeat_penalty": "repeat_penalty", "seed": "seed"}
-_ids = itertools.count()
+# OpenAI's newer name for the system message, which chat templates do not know.
+_ROLES = {"developer": "system"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None
         raise ApiError(400, "the model has no chat template; start the server with --chat-template NAME "
                        "or use /v1/completions", code="no_chat_template")
     try:
-        text = chat.text([Message(m.role, m.text) for m in body.messages])
+        text = chat.text([Message(_ROLES.get(m.role, m.role), m.text) for m in body.messages])
     except LlogosError as e:
         raise ApiError(400, str(e), code="template_error") from None
     ids = _encode(tokenizer, text, add_bos=False)
@@ -83,12 +84,15 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
                        f"context {n_ctx}, leaving {n_ctx - len(ids)}", code="context_length_exceeded",
                        param="max_tokens")
     overrides = {field: getattr(body, name) for name, field in _SAMPLING.items() if getattr(body, name) is not None}
+    if overrides.get("seed") == -1:   # llama-server's "draw a seed", even over the server's --seed
+        overrides["seed"] = None
     try:
         params = replace(defaults.params, **overrides)
     except LlogosError as e:
         raise ApiError(400, str(e)) from None
     n_top = body.n_top
-    request = Request(f"{kind}-{next(_ids):x}", ids, params, replace(criteria, n_predict=n_predict),
+    # Unique across requests and restarts, as OpenAI's are: clients and logs may key on them.
+    request = Request(f"{kind}-{secrets.token_hex(12)}", ids, params, replace(criteria, n_predict=n_predict),
                       _engine_logprobs(n_top, params))
     return Prepared(request, n_top)
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from llogos_cli.engine.batch import Result
 from llogos_cli.engine.sequence import Token
+from llogos_cli.server import request_log
 from llogos_cli.server import schemas as s
 
 FINISH = {"eos": "stop", "stop-string": "stop", "limit": "length"}
@@ -32,7 +33,9 @@ class _Renderer:
         self.sent = ""           # streamed text so far
 
     def usage(self, result: Result) -> s.Usage:
+        """The finished request's token counts, for its response and for its line in the request log."""
         n = result.timings.predicted_n
+        request_log.note_tokens(self.prompt_n, n)
         return s.Usage(prompt_tokens=self.prompt_n, completion_tokens=n, total_tokens=self.prompt_n + n)
 
     def _piece(self, token_id: int) -> tuple[str, list[int]]:
@@ -70,11 +73,11 @@ class ChatRenderer(_Renderer):
         return self._chunk(s.ChatDelta(content=token.text), logprobs=logprobs)
 
     def last(self, result: Result) -> list[bytes]:
-        tail = result.text[len(self.sent):]
+        usage, tail = self.usage(result), result.text[len(self.sent):]
         chunks = [self._chunk(s.ChatDelta(content=tail or None), FINISH[result.stop])]
         if self.include_usage:
             chunks.append(sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
-                                                    choices=[], usage=self.usage(result))))
+                                                    choices=[], usage=usage)))
         return chunks
 
     def whole(self, result: Result) -> s.ChatCompletion:
@@ -113,10 +116,11 @@ class CompletionRenderer(_Renderer):
         return sse(self._body(token.text, None, logprobs))
 
     def last(self, result: Result) -> list[bytes]:
+        usage = self.usage(result)
         chunks = [sse(self._body(result.text[len(self.sent):], FINISH[result.stop]))]
         if self.include_usage:
             chunks.append(sse(s.Completion(id=self.rid, created=self.created, model=self.model, choices=[],
-                                           usage=self.usage(result))))
+                                           usage=usage)))
         return chunks
 
     def whole(self, result: Result) -> s.Completion:

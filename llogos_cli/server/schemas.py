@@ -7,7 +7,7 @@ change what runs. Responses are plain models whose JSON is what the `openai` cli
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16
@@ -29,7 +29,7 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Annotated[str, Field(min_length=1)]
+    role: Literal["system", "developer", "user", "assistant", "tool"]   # OpenAI's; "developer" is its new "system"
     content: str | list[TextPart]
 
     @property
@@ -54,7 +54,7 @@ class _Generation(_Strict):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repeat_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2 ** 64)] | None = None
+    seed: Annotated[int, Field(ge=-1, lt=2 ** 64)] | None = None   # -1: a random one, as in llama-server
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     ignore_eos: bool = False
     n: Literal[1] = 1                         # one choice per request
@@ -154,6 +154,11 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_none(self, handler):
+        # A chunk carries only what it adds: OpenAI omits the role after the first chunk, never nulls it.
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChunkChoice(BaseModel):

@@ -69,11 +69,12 @@ class ChatTemplate:
         return tuple(m for m in END_OF_TURN if m in self.source)
 
     def render(self, messages: list[dict], add_generation_prompt: bool,
-               bos_token: str = "", eos_token: str = "") -> str:
+               bos_token: str = "", eos_token: str = "", tools: list[dict] | None = None) -> str:
+        """The prompt's text. `tools`: function schemas for tool-use templates, as apply_chat_template passes them."""
         template = _compile(self.source, self.origin)
         try:
             return template_sandbox.render(template, messages=messages, add_generation_prompt=add_generation_prompt,
-                                           bos_token=bos_token, eos_token=eos_token, tools=None, documents=None)
+                                           bos_token=bos_token, eos_token=eos_token, tools=tools, documents=None)
         except SecurityError as e:
             raise LlogosError(f"chat template from {self.origin} was stopped by the sandbox: {e}") from None
         except _Raised as e:

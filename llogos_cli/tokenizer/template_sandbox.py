@@ -91,7 +91,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if isinstance(owner, (str, bytes, int)) and name in _METHOD_SIZE:
             if name == "join" and args:  # sized before joining, so a generator is read once here
                 args = (list(args[0]), *args[1:])
-            _limit(_METHOD_SIZE[name](owner, *args, **kwargs))
+            own = {k: v for k, v in kwargs.items() if k not in _JINJA_KEYWORDS}
+            _limit(_METHOD_SIZE[name](owner, *args, **own))
         return _limit_result(super().call(__context, __obj, *args, **kwargs))
 
     def concat(self, pieces):
@@ -235,6 +236,11 @@ def _formatted_size(fmt, fields: int, widths: list[int], widths_from_args: bool,
 
 
 # --- methods, filters and functions that can build more than they are given -----------------------
+
+# Inside a loop or a block, Jinja's compiled calls carry the loop's or block's variables as these
+# keywords, which Context.call takes off before calling: they are never the method's own arguments.
+_JINJA_KEYWORDS = frozenset({"_loop_vars", "_block_vars"})
+
 
 def _replace_size(s, old, new, count=-1, *_) -> int:
     hits = s.count(old) if len(old) else len(s) + 1

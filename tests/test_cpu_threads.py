@@ -1,0 +1,91 @@
+"""-t/--threads and -tb/--threads-batch: the counts reach numba and OpenBLAS for steps of one and of
+several tokens, auto runs on the cores other processes leave free, and every computing command
+takes the flags."""
+
+import multiprocessing
+import time
+
+import numba
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+from llogos_cli.backends import cpu_threads
+from llogos_cli.backends.cpu_threads import CpuThreads, available_cores, free_cores
+from llogos_cli.backends.numpy_backend import NumpyBackend
+from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
+
+
+def _openblas_threads() -> set[int]:
+    return {lib["num_threads"] for lib in threadpool_info() if lib["internal_api"] == "openblas"}
+
+
+def test_steps_of_one_and_of_several_tokens_take_their_own_counts():
+    threads = CpuThreads(threads=1, threads_batch=2)
+    NumpyBackend("quantized", threads=threads)   # loads numba, whose count is then set too
+    try:
+        for n_tokens, expected in ((1, 1), (7, 2), (1, 1), (64, 2)):
+            assert threads.for_step(n_tokens) == expected
+            assert _openblas_threads() == {expected}
+            assert numba.get_num_threads() == min(expected, numba.config.NUMBA_NUM_THREADS)
+    finally:
+        CpuThreads(available_cores(), available_cores()).for_step(1)
+
+
+def test_the_backend_sets_the_count_once_per_forward_pass():
+    backend = NumpyBackend(threads=CpuThreads(threads=1, threads_batch=2))
+    backend.batch_layout(np.zeros(5, np.int32), np.arange(5, dtype=np.int32))
+    assert _openblas_threads() == {2}
+    backend.batch_layout(np.zeros(1, np.int32), np.array([5], np.int32))
+    assert _openblas_threads() == {1}
+    CpuThreads(available_cores(), available_cores()).for_step(1)
+
+
+def test_free_cores_subtracts_what_other_processes_used():
+    # samples: (wall s, CPU s of every process, CPU s of this one)
+    assert free_cores((0, 0, 0), (1, 1.0, 0.0), 2) == 1     # one core busy elsewhere
+    assert free_cores((0, 0, 0), (1, 2.0, 1.9), 2) == 2     # the work was our own
+    assert free_cores((0, 0, 0), (1, 3.5, 0.0), 4) == 1     # keeps one core however busy
+    assert free_cores((0, 0, 0), (2, 6.0, 0.0), 16) == 13   # a rate: 3 cores' worth over 2 s
+    assert free_cores((5, 1, 1), (5, 1, 1), 8) == 8         # no time between the samples
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_auto_leaves_the_cores_that_busy_processes_hold(monkeypatch):
+    cores = available_cores()
+    if cores < 2:
+        pytest.skip("needs two cores to leave one to others")
+    monkeypatch.setattr(cpu_threads, "RECOUNT_S", 0.5)
+    threads = CpuThreads()
+    busy = [multiprocessing.Process(target=_spin, args=(3.0,)) for _ in range(cores - 1)]
+    for p in busy:
+        p.start()
+    try:
+        time.sleep(0.6)
+        assert threads.for_step(1) == 1
+    finally:
+        for p in busy:
+            p.join()
+    time.sleep(0.6)
+    assert threads.for_step(1) >= cores - 1   # the others are gone again (one core of slack for the test runner)
+    CpuThreads(cores, cores).for_step(1)
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "batch", "serve", "perplexity"])
+def test_every_computing_command_takes_the_thread_flags(env, command):
+    help_text = llogos(env, command, "--help").stdout
+    assert "-t, --threads" in help_text and "-tb, --threads-batch" in help_text
+    assert_one_line_error(llogos(env, command, "-t", "-1"), "-1", code=2)
+
+
+def test_generate_runs_on_the_threads_it_is_given(env):
+    plain = llogos(env, "generate", "-m", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temp", "0")
+    for flags in (["-t", "1", "-tb", "1"], ["-t", "2", "-tb", "1"]):
+        r = llogos(env, "generate", "-m", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temp", "0",
+                   *flags)
+        assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
