@@ -38,7 +38,7 @@ def test_product_matches_dequantize_and_float64(qtype, n_tok, monkeypatch):
     raw = random_rows(qtype, rows, cols, rng)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     expected = x.astype(np.float64) @ gguf_quants.dequantize(raw, qtype).astype(np.float64).T
-    ours = cpu_quant.QuantMatmul()(x, raw, qtype)
+    ours = cpu_quant.QuantMatmul("float")(x, raw, qtype)   # the 8-bit activations' products: test_cpu_quant_int8
     assert ours.shape == (n_tok, rows) and ours.dtype == np.float32
     assert relative_error(ours, expected) < 1e-5
 

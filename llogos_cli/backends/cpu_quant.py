@@ -2,19 +2,26 @@
 
 Two shapes of product, chosen by the number of tokens (measured crossover, see docs/PERF.md):
 - up to MATVEC_MAX_TOKENS tokens (decode, small batches): each weight row is decoded in registers
-  and dotted with every token's activations while it is in cache (cpu_quant_dot), rows shared
-  out over every core;
+  and dotted with every token's activations while it is in cache, rows shared out over every
+  core. The plain block types take 8-bit activations and integer instructions where the CPU has
+  them (cpu_quant_int8; `isa`: LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there
+  is); the others, and every type with `float`, float32 activations (cpu_quant_dot);
 - more tokens (batched decode, prefill): tiles of rows are expanded to float32 (cpu_quant_dequant)
   into one reused buffer and multiplied there, by cpu_rows for 2-64 rows, else by BLAS, so
   expanding a weight is paid once per tile, not once per token.
 F16 and BF16 matrices always take the tile path.
 """
 
+import os
+from contextlib import contextmanager
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from llogos_cli.backends import CPU_DOT_TYPES, cpu_quant_dequant, cpu_quant_dot, cpu_rows
+from llogos_cli.backends import CPU_DOT_TYPES, cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
 from llogos_cli.backends.cpu_jit import get_num_threads, set_parallel_chunksize
+from llogos_cli.backends.cpu_simd_int8 import ISA_ARG, host_isa
+from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 4
@@ -43,11 +50,28 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(x.shape[0], 2, -1), scale
 
 
-class QuantMatmul:
-    """x (T, in) float32 · W (out, in)ᵀ for W given as raw GGUF rows; holds the reused tile buffer."""
+def choose_isa(asked: str | None) -> str:
+    """The instruction set of the integer products: `asked` (LLOGOS_CPU_ISA) if the CPU has it,
+    else the best it has; "float" keeps every product in float32."""
+    best = host_isa() or "float"
+    if asked in (None, ""):
+        return best
+    if asked not in (*ISA_ARG, "float"):
+        raise LlogosError(f"LLOGOS_CPU_ISA={asked} is not one of vnni, avx2, float")
+    if asked == "vnni" and best != "vnni" or asked == "avx2" and best == "float":
+        raise LlogosError(f"LLOGOS_CPU_ISA={asked}: this CPU does not have it (best: {best})")
+    return asked
 
-    def __init__(self):
+
+class QuantMatmul:
+    """x (T, in) float32 · W (out, in)ᵀ for W given as raw GGUF rows; holds the reused tile buffer
+    and the last activations quantized to 8 bits (q, k and v, gate and up share their input)."""
+
+    def __init__(self, isa: str | None = None):
         self._tile = np.empty(0, np.float32)
+        self.isa = choose_isa(isa if isa is not None else os.environ.get("LLOGOS_CPU_ISA"))
+        self._quantized_of: np.ndarray | None = None
+        self._quantized = None
 
     def warm_up(self) -> None:
         """Call each kernel once, as products call them (weights read-only, as memory-mapped
@@ -55,6 +79,8 @@ class QuantMatmul:
         raw = np.zeros((1, 34), np.uint8)
         raw.flags.writeable = False
         self._matvec(np.zeros((1, 32), np.float32), raw, T.Q8_0)
+        if self.isa in ISA_ARG:
+            self._matvec8(np.zeros((1, 32), np.float32), raw, T.Q8_0)
         self._tiled(np.zeros((MATVEC_MAX_TOKENS + 1, 32), np.float32), raw, T.Q8_0, 1, 32)
         cpu_rows.warm_up()
 
@@ -63,6 +89,8 @@ class QuantMatmul:
         assert x.shape[1] == cols, f"x has {x.shape[1]} features, the matrix {cols}"
         x = np.ascontiguousarray(x, np.float32)
         if x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
+            if self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES:
+                return self._matvec8(x, raw, qtype)
             return self._matvec(x, raw, qtype)
         return self._tiled(x, raw, qtype, rows, cols)
 
@@ -71,16 +99,21 @@ class QuantMatmul:
         out = np.empty((x.shape[0], raw.shape[0]), np.float32)
         xs = x.reshape(x.shape[0], -1, 32).sum(axis=2) if qtype in cpu_quant_dot.SUMS_TYPES else _NO_SUMS
         xq, dx = quantize_rows(x) if qtype in cpu_quant_dot.INT16_TYPES else _NO_INT16
-        # Chunks of rows handed out as threads come free, about SHARES per thread: on a shared machine
-        # a thread that loses its core for a time slice then holds up one of them, not its whole part
-        # of the rows. Each hand-out costs ~0.2 µs: one per 16 rows took a 1536-row product on one
-        # thread from 84 to 101 µs.
-        chunks = -(-raw.shape[0] // cpu_quant_dot.CHUNK)
-        chunksize = set_parallel_chunksize(max(1, chunks // (SHARES * get_num_threads())))
-        try:
+        with _shared_out(raw.shape[0], cpu_quant_dot.CHUNK):
             cpu_quant_dot.matvec(raw, int(qtype), x, xs, xq, dx, out)
-        finally:
-            set_parallel_chunksize(chunksize)
+        return out
+
+    def _matvec8(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
+        if x is not self._quantized_of:
+            n_blocks = x.shape[1] // cpu_quant_int8.BLOCK
+            self._quantized = (np.empty((x.shape[0], 2 * x.shape[1]), np.int8), np.empty((x.shape[0], n_blocks), np.float32),
+                               np.empty((x.shape[0], n_blocks), np.float32),
+                               np.empty((x.shape[0], x.shape[1] // cpu_quant_int8.LANE), np.int32))
+            cpu_quant_int8.quantize_blocks(x, *self._quantized)
+            self._quantized_of = x   # held, so that no other array can take its identity meanwhile
+        out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+        with _shared_out(raw.shape[0], cpu_quant_int8.CHUNK):
+            cpu_quant_int8.matvec8(raw, int(qtype), *self._quantized, out, ISA_ARG[self.isa])
         return out
 
     def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
@@ -97,3 +130,17 @@ class QuantMatmul:
             else:
                 out[:, r0:r1] = x @ tile.T
         return out
+
+
+@contextmanager
+def _shared_out(rows: int, chunk: int):
+    """Chunks of rows handed out as threads come free, about SHARES per thread: on a shared machine
+    a thread that loses its core for a time slice then holds up one of them, not its whole part of
+    the rows. Each hand-out costs ~0.2 µs: one per 16 rows took a 1536-row product on one thread
+    from 84 to 101 µs."""
+    chunks = -(-rows // chunk)
+    before = set_parallel_chunksize(max(1, chunks // (SHARES * get_num_threads())))
+    try:
+        yield
+    finally:
+        set_parallel_chunksize(before)

@@ -32,52 +32,52 @@ F32 = ir.FloatType()
 ROW_LANES = 16   # tokens in one vector of f32_rows_tile (one AVX-512 register)
 
 
-def _vec(t: ir.Type, n: int) -> ir.VectorType:
+def vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def _const(t: ir.Type, n: int, value: float) -> ir.Constant:
-    return ir.Constant(_vec(t, n), [value] * n)
+def const(t: ir.Type, n: int, value: float) -> ir.Constant:
+    return ir.Constant(vec(t, n), [value] * n)
 
 
-def _load(context, builder, array_type, array, offset, elem: ir.Type, n: int):
+def load(context, builder, array_type, array, offset, elem: ir.Type, n: int):
     """n elements of `array` from index `offset`, as one (unaligned) vector load."""
     data = context.make_array(array_type)(context, builder, array).data
-    ptr = builder.bitcast(builder.gep(data, [offset]), _vec(elem, n).as_pointer())
+    ptr = builder.bitcast(builder.gep(data, [offset]), vec(elem, n).as_pointer())
     return builder.load(ptr, align=1)
 
 
-def _at(builder, offset, k: int):
+def at(builder, offset, k: int):
     return builder.add(offset, ir.Constant(offset.type, k))
 
 
 def _pair_sums(builder, a, b):
     """(a * b) of two <32 x i32> vectors, adjacent products added: <16 x i32>."""
     p = builder.mul(a, b)
-    even = builder.shuffle_vector(p, p, ir.Constant(_vec(I32, 16), list(range(0, 32, 2))))
-    odd = builder.shuffle_vector(p, p, ir.Constant(_vec(I32, 16), list(range(1, 32, 2))))
+    even = builder.shuffle_vector(p, p, ir.Constant(vec(I32, 16), list(range(0, 32, 2))))
+    odd = builder.shuffle_vector(p, p, ir.Constant(vec(I32, 16), list(range(1, 32, 2))))
     return builder.add(even, odd)
 
 
 def _lanes(builder, scales, picks: list[int]):
     """<16 x i32> whose lane i is scales[picks[i]]."""
-    return builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 16), picks))
+    return builder.shuffle_vector(scales, scales, ir.Constant(vec(I32, 16), picks))
 
 
-def _splat(builder, scalar_vector, n: int):
+def splat(builder, scalar_vector, n: int):
     """A <1 x T> vector's element in all n lanes."""
-    return builder.shuffle_vector(scalar_vector, scalar_vector, ir.Constant(_vec(I32, n), [0] * n))
+    return builder.shuffle_vector(scalar_vector, scalar_vector, ir.Constant(vec(I32, n), [0] * n))
 
 
 def _sum(builder, v):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I32, [_vec(I32, 16)]),
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I32, [vec(I32, 16)]),
                                         "llvm.vector.reduce.add.v16i32")
     return builder.call(fn, [v])
 
 
 def _fsum(builder, v):
     """The sum of a <32 x float>'s lanes, in any order."""
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, _vec(F32, 32)]),
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, vec(F32, 32)]),
                                         "llvm.vector.reduce.fadd.v32f32")
     return builder.call(fn, [ir.Constant(F32, 0.0), v], fastmath=("reassoc",))
 
@@ -92,16 +92,16 @@ def q4_k_row_dot(typingctx, row, x, scales):
         row, x, scales = args
         n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
                                 ir.Constant(I64, 144))
-        acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(F32, 32), [0.0] * 32))
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vec(F32, 32), [0.0] * 32))
         with cgutils.for_range(builder, n_blocks) as loop:
             o, e, s = (builder.mul(loop.index, ir.Constant(I64, k)) for k in (144, 256, 8))
             total = builder.load(acc)
             for g in range(4):
-                v = _load(context, builder, row_t, row, _at(builder, o, 16 + 32 * g), I8, 32)
-                for k, q in enumerate((builder.and_(v, _const(I8, 32, 15)), builder.lshr(v, _const(I8, 32, 4)))):
-                    xv = _load(context, builder, x_t, x, _at(builder, e, 64 * g + 32 * k), F32, 32)
-                    scale = _splat(builder, _load(context, builder, scales_t, scales, _at(builder, s, 2 * g + k), F32, 1), 32)
-                    weights = builder.fmul(builder.uitofp(q, _vec(F32, 32)), scale, flags=["fast"])
+                v = load(context, builder, row_t, row, at(builder, o, 16 + 32 * g), I8, 32)
+                for k, q in enumerate((builder.and_(v, const(I8, 32, 15)), builder.lshr(v, const(I8, 32, 4)))):
+                    xv = load(context, builder, x_t, x, at(builder, e, 64 * g + 32 * k), F32, 32)
+                    scale = splat(builder, load(context, builder, scales_t, scales, at(builder, s, 2 * g + k), F32, 1), 32)
+                    weights = builder.fmul(builder.uitofp(q, vec(F32, 32)), scale, flags=["fast"])
                     total = builder.fadd(total, builder.fmul(weights, xv, flags=["fast"]), flags=["fast"])
             builder.store(total, acc)
         return _fsum(builder, builder.load(acc))
@@ -118,25 +118,25 @@ def q6_k_half_sums(typingctx, row, o, h, xhi, xlo, e):
         row_t, _, _, x_t, _, _ = sig.args
         row, o, h, xhi, xlo, e = args
         ql = builder.add(o, builder.mul(h, ir.Constant(h.type, 64)))
-        qh = builder.add(_at(builder, o, 128), builder.mul(h, ir.Constant(h.type, 32)))
-        a = _load(context, builder, row_t, row, ql, I8, 32)
-        c = _load(context, builder, row_t, row, _at(builder, ql, 32), I8, 32)
-        bits = _load(context, builder, row_t, row, qh, I8, 32)
-        sc_at = builder.add(_at(builder, o, 192), builder.mul(h, ir.Constant(h.type, 8)))
-        sc = builder.sext(_load(context, builder, row_t, row, sc_at, I8, 8), _vec(I32, 8))
-        low, two, four = _const(I8, 32, 15), _const(I8, 32, 3), _const(I8, 32, 4)
+        qh = builder.add(at(builder, o, 128), builder.mul(h, ir.Constant(h.type, 32)))
+        a = load(context, builder, row_t, row, ql, I8, 32)
+        c = load(context, builder, row_t, row, at(builder, ql, 32), I8, 32)
+        bits = load(context, builder, row_t, row, qh, I8, 32)
+        sc_at = builder.add(at(builder, o, 192), builder.mul(h, ir.Constant(h.type, 8)))
+        sc = builder.sext(load(context, builder, row_t, row, sc_at, I8, 8), vec(I32, 8))
+        low, two, four = const(I8, 32, 15), const(I8, 32, 3), const(I8, 32, 4)
         quants = (builder.or_(builder.and_(a, low), builder.shl(builder.and_(bits, two), four)),
                   builder.or_(builder.and_(c, low),
-                              builder.shl(builder.and_(builder.lshr(bits, _const(I8, 32, 2)), two), four)),
+                              builder.shl(builder.and_(builder.lshr(bits, const(I8, 32, 2)), two), four)),
                   builder.or_(builder.lshr(a, four), builder.shl(builder.and_(builder.lshr(bits, four), two), four)),
-                  builder.or_(builder.lshr(c, four), builder.shl(builder.lshr(bits, _const(I8, 32, 6)), four)))
-        acc = [_const(I32, 16, 0), _const(I32, 16, 0)]
+                  builder.or_(builder.lshr(c, four), builder.shl(builder.lshr(bits, const(I8, 32, 6)), four)))
+        acc = [const(I32, 16, 0), const(I32, 16, 0)]
         for quarter, q in enumerate(quants):
-            w = builder.sext(builder.sub(q, _const(I8, 32, 32)), _vec(I32, 32))
+            w = builder.sext(builder.sub(q, const(I8, 32, 32)), vec(I32, 32))
             # pair-sums 0-7 come from elements 0-15 (one scale), 8-15 from 16-31 (the next)
             scale = _lanes(builder, sc, [2 * quarter] * 8 + [2 * quarter + 1] * 8)
             for part, x in enumerate((xhi, xlo)):
-                xv = builder.sext(_load(context, builder, x_t, x, _at(builder, e, 32 * quarter), I16, 32), _vec(I32, 32))
+                xv = builder.sext(load(context, builder, x_t, x, at(builder, e, 32 * quarter), I16, 32), vec(I32, 32))
                 acc[part] = builder.add(acc[part], builder.mul(_pair_sums(builder, w, xv), scale))
         return context.make_tuple(builder, sig.return_type, [_sum(builder, acc[0]), _sum(builder, acc[1])])
     return types.UniTuple(types.int32, 2)(row, o, h, xhi, xlo, e), codegen
@@ -159,28 +159,28 @@ def _plain_weights(context, builder, row_t, row, o, name: str):
     fifth bit j."""
     _, d_at, m_at, qh_at, qs_at, bias = _PLAIN[name]
     if name == "q8_0":
-        q = builder.sext(_load(context, builder, row_t, row, _at(builder, o, qs_at), I8, 32), _vec(I32, 32))
+        q = builder.sext(load(context, builder, row_t, row, at(builder, o, qs_at), I8, 32), vec(I32, 32))
     else:
-        v = _load(context, builder, row_t, row, _at(builder, o, qs_at), I8, 16)
-        nibbles = builder.shuffle_vector(builder.and_(v, _const(I8, 16, 15)), builder.lshr(v, _const(I8, 16, 4)),
-                                         ir.Constant(_vec(I32, 32), list(range(32))))
-        q = builder.zext(nibbles, _vec(I32, 32))
+        v = load(context, builder, row_t, row, at(builder, o, qs_at), I8, 16)
+        nibbles = builder.shuffle_vector(builder.and_(v, const(I8, 16, 15)), builder.lshr(v, const(I8, 16, 4)),
+                                         ir.Constant(vec(I32, 32), list(range(32))))
+        q = builder.zext(nibbles, vec(I32, 32))
     if qh_at is not None:
-        qh = _splat(builder, _load(context, builder, row_t, row, _at(builder, o, qh_at), I32, 1), 32)
-        bits = builder.lshr(qh, ir.Constant(_vec(I32, 32), list(range(32))))
-        q = builder.or_(q, builder.shl(builder.and_(bits, _const(I32, 32, 1)), _const(I32, 32, 4)))
+        qh = splat(builder, load(context, builder, row_t, row, at(builder, o, qh_at), I32, 1), 32)
+        bits = builder.lshr(qh, ir.Constant(vec(I32, 32), list(range(32))))
+        q = builder.or_(q, builder.shl(builder.and_(bits, const(I32, 32, 1)), const(I32, 32, 4)))
     if bias:
-        q = builder.sub(q, _const(I32, 32, bias))
+        q = builder.sub(q, const(I32, 32, bias))
 
-    def f16_splat(at):   # the little-endian float16 at byte o + at, as float32 in every lane
-        half = builder.bitcast(_load(context, builder, row_t, row, _at(builder, o, at), I16, 1), _vec(ir.HalfType(), 1))
-        return _splat(builder, builder.fpext(half, _vec(F32, 1)), 32)
-    weights = builder.fmul(builder.sitofp(q, _vec(F32, 32)), f16_splat(d_at), flags=["fast"])
+    def f16_splat(field):   # the little-endian float16 at byte o + field, as float32 in every lane
+        half = builder.bitcast(load(context, builder, row_t, row, at(builder, o, field), I16, 1), vec(ir.HalfType(), 1))
+        return splat(builder, builder.fpext(half, vec(F32, 1)), 32)
+    weights = builder.fmul(builder.sitofp(q, vec(F32, 32)), f16_splat(d_at), flags=["fast"])
     return weights if m_at is None else builder.fadd(weights, f16_splat(m_at), flags=["fast"])
 
 
 @contextmanager
-def _each_block(context, builder, row_t, row, size: int):
+def each_block(context, builder, row_t, row, size: int):
     """A loop over the row's blocks of `size` bytes: yields the block's first byte and element."""
     n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
                             ir.Constant(I64, size))
@@ -199,10 +199,10 @@ def plain_row_dot(name: str):
         def codegen(context, builder, sig, args):
             row_t, x_t = sig.args
             row, x = args
-            acc = cgutils.alloca_once_value(builder, _const(F32, 32, 0.0))
-            with _each_block(context, builder, row_t, row, size) as (o, e):
+            acc = cgutils.alloca_once_value(builder, const(F32, 32, 0.0))
+            with each_block(context, builder, row_t, row, size) as (o, e):
                 weights = _plain_weights(context, builder, row_t, row, o, name)
-                xv = _load(context, builder, x_t, x, e, F32, 32)
+                xv = load(context, builder, x_t, x, e, F32, 32)
                 builder.store(builder.fadd(builder.load(acc), builder.fmul(weights, xv, flags=["fast"]), flags=["fast"]), acc)
             return _fsum(builder, builder.load(acc))
         return types.float32(row, x), codegen
@@ -219,8 +219,8 @@ def plain_row_expand(name: str):
             row_t, out_t = sig.args
             row, out = args
             data = context.make_array(out_t)(context, builder, out).data
-            with _each_block(context, builder, row_t, row, size) as (o, e):
-                ptr = builder.bitcast(builder.gep(data, [e]), _vec(F32, 32).as_pointer())
+            with each_block(context, builder, row_t, row, size) as (o, e):
+                ptr = builder.bitcast(builder.gep(data, [e]), vec(F32, 32).as_pointer())
                 builder.store(_plain_weights(context, builder, row_t, row, o, name), ptr, align=4)
             return context.get_dummy_value()
         return types.void(row, out), codegen
@@ -249,19 +249,19 @@ def f32_rows_tile(rows: int, vectors: int):
             row_ptrs = []   # rows past nr repeat the last one (their sums are not stored)
             for i in range(rows):
                 r = builder.select(builder.icmp_signed("<", ir.Constant(I64, i), nr), ir.Constant(I64, i), last)
-                at = builder.gep(w_bytes, [builder.mul(builder.add(n0, r), w_stride)])
-                row_ptrs.append(builder.bitcast(at, F32.as_pointer()))
-            acc = [[cgutils.alloca_once_value(builder, _const(F32, ROW_LANES, 0.0)) for _ in range(vectors)] for _ in range(rows)]
+                row_start = builder.gep(w_bytes, [builder.mul(builder.add(n0, r), w_stride)])
+                row_ptrs.append(builder.bitcast(row_start, F32.as_pointer()))
+            acc = [[cgutils.alloca_once_value(builder, const(F32, ROW_LANES, 0.0)) for _ in range(vectors)] for _ in range(rows)]
             prefetch = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0i8")
             next_tile = builder.mul(w_stride, ir.Constant(I64, rows))
 
             def step(k):
                 xk = builder.gep(xa.data, [builder.mul(k, ir.Constant(I64, lanes))])
-                xs = [builder.load(builder.bitcast(builder.gep(xk, [ir.Constant(I64, ROW_LANES * v)]), _vec(F32, ROW_LANES).as_pointer()),
+                xs = [builder.load(builder.bitcast(builder.gep(xk, [ir.Constant(I64, ROW_LANES * v)]), vec(F32, ROW_LANES).as_pointer()),
                                    align=4) for v in range(vectors)]
                 for i in range(rows):
-                    wk = _splat(builder, builder.insert_element(_const(F32, 1, 0.0), builder.load(builder.gep(row_ptrs[i], [k])),
+                    wk = splat(builder, builder.insert_element(const(F32, 1, 0.0), builder.load(builder.gep(row_ptrs[i], [k])),
                                                                 ir.Constant(I32, 0)), ROW_LANES)
                     for v in range(vectors):
                         total = builder.fadd(builder.load(acc[i][v]), builder.fmul(wk, xs[v], flags=["fast"]), flags=["fast"])
@@ -275,16 +275,16 @@ def f32_rows_tile(rows: int, vectors: int):
                                         [builder.add(next_tile, builder.mul(k0, ir.Constant(I64, 4)))])
                     builder.call(prefetch, [ahead, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
                 for u in range(16):
-                    step(_at(builder, k0, u))
+                    step(at(builder, k0, u))
             with cgutils.for_range_slice(builder, builder.mul(n_blocks, ir.Constant(I64, 16)), k_len,
                                          ir.Constant(I64, 1)) as (k, _):
                 step(k)
 
-            sums = builder.bitcast(cgutils.alloca_once(builder, _vec(F32, ROW_LANES), size=rows * vectors), F32.as_pointer())
+            sums = builder.bitcast(cgutils.alloca_once(builder, vec(F32, ROW_LANES), size=rows * vectors), F32.as_pointer())
             for i in range(rows):
                 for v in range(vectors):
-                    at = builder.gep(sums, [ir.Constant(I64, (i * vectors + v) * ROW_LANES)])
-                    builder.store(builder.load(acc[i][v]), builder.bitcast(at, _vec(F32, ROW_LANES).as_pointer()), align=4)
+                    lane0 = builder.gep(sums, [ir.Constant(I64, (i * vectors + v) * ROW_LANES)])
+                    builder.store(builder.load(acc[i][v]), builder.bitcast(lane0, vec(F32, ROW_LANES).as_pointer()), align=4)
             out_bytes = builder.bitcast(oa.data, I8.as_pointer())
             out_stride = builder.extract_value(oa.strides, 0)
             with cgutils.for_range(builder, builder.extract_value(oa.shape, 0)) as loop:

@@ -67,7 +67,7 @@ class NumpyBackend(AttentionOps, RecurrentOps):
             self._rows = cpu_rows
         if weights == "quantized":   # imported here: numba's import and kernels cost the f32 path nothing
             from llogos_cli.backends.cpu_quant import QuantMatmul
-            self._quant = QuantMatmul()
+            self.quant_matmul = QuantMatmul()
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -95,7 +95,7 @@ class NumpyBackend(AttentionOps, RecurrentOps):
         if self._rows is not None:
             self._rows.warm_up()
         if self.weights == "quantized":
-            self._quant.warm_up()
+            self.quant_matmul.warm_up()
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -125,7 +125,7 @@ class NumpyBackend(AttentionOps, RecurrentOps):
             if not 1 < x.shape[0] <= _FEW_ROWS:
                 return x @ w.dense.T
             return (w.dense @ x.T).T
-        return self._quant(x, w.raw, w.qtype)
+        return self.quant_matmul(x, w.raw, w.qtype)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
