@@ -14,7 +14,7 @@ activations up to float32 rounding: it differs from the float32 product by at mo
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from llogos_cli.backends.cpu_jit import f16_at, k_scales_mins, kernel, parallel_kernel, prange
+from llogos_cli.backends.cpu_jit import kernel, parallel_kernel, prange
 from llogos_cli.backends.cpu_simd_int8 import k_row_dot8, plain_row_dot8
 
 BLOCK = 32
@@ -56,43 +56,15 @@ def quantize_blocks(x, xq, dx, sx, xl):
 
 
 @kernel
-def _k_scales(row, size, scales, offsets, sc, mn):
-    """Q4_K and Q5_K (d at 0, dmin at 2, six-bit scales and mins at 4): each sub-block's d · sc and
-    -dmin · m."""
-    for b in range(row.shape[0] // size):
-        o = size * b
-        k_scales_mins(row, o + 4, sc, mn)
-        d, dmin = f16_at(row, o), f16_at(row, o + 2)
-        for j in range(8):
-            scales[8 * b + j] = d * sc[j]
-            offsets[8 * b + j] = -dmin * mn[j]
-
-
-@kernel
-def _q6_k_scales(row, scales):   # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 256
-    for b in range(row.shape[0] // 210):
-        d = f16_at(row, 210 * b + 208)
-        for i in range(16):
-            scales[16 * b + i] = d * np.float32(np.int8(row[210 * b + 192 + i]))
-
-
-@kernel
-def _k_rows(raw, code, r0, r1, xq, dx, sx, xl, out, isa, scales, offsets, sc, mn):
-    """The K types: each row's sub-block scales first, then its products with every token."""
-    for r in range(r0, r1):
-        if code == _Q4_K:
-            _k_scales(raw[r], 144, scales, offsets, sc, mn)
-        elif code == _Q5_K:
-            _k_scales(raw[r], 176, scales, offsets, sc, mn)
-        else:
-            _q6_k_scales(raw[r], scales)
-        for t in range(xq.shape[0]):
+def _k_rows(raw, code, r0, r1, xq, dx, sx, xl, out, isa):
+    for t in range(xq.shape[0]):
+        for r in range(r0, r1):
             if code == _Q4_K:
-                out[t, r] = _q4_k(raw[r], scales, offsets, xq[t], dx[t], sx[t], xl[t], isa)
+                out[t, r] = _q4_k(raw[r], xq[t], dx[t], sx[t], xl[t], isa)
             elif code == _Q6_K:
-                out[t, r] = _q6_k(raw[r], scales, offsets, xq[t], dx[t], sx[t], xl[t], isa)
+                out[t, r] = _q6_k(raw[r], xq[t], dx[t], sx[t], xl[t], isa)
             else:
-                out[t, r] = _q5_k(raw[r], scales, offsets, xq[t], dx[t], sx[t], xl[t], isa)
+                out[t, r] = _q5_k(raw[r], xq[t], dx[t], sx[t], xl[t], isa)
 
 
 @kernel
@@ -114,15 +86,11 @@ def _plain_rows(raw, code, r0, r1, xq, dx, sx, out, isa):
 @parallel_kernel
 def matvec8(raw, code, xq, dx, sx, xl, out, isa):
     """out (T, rows) = the quantized activations (xq, dx, sx, xl) · rows of raw, on every core."""
-    rows, n_sub = raw.shape[0], dx.shape[1]
-    chunks = (rows + CHUNK - 1) // CHUNK
-    # each chunk's K-block scales (two per 32 for Q6_K), offsets, and one block's scales and mins
-    scratch = np.empty((chunks, 3 * n_sub + 16), np.float32)
+    rows = raw.shape[0]
     k_type = code == _Q4_K or code == _Q5_K or code == _Q6_K
-    for c in prange(chunks):
-        r0, r1, mine = c * CHUNK, min(rows, c * CHUNK + CHUNK), scratch[c]
+    for c in prange((rows + CHUNK - 1) // CHUNK):
+        r0, r1 = c * CHUNK, min(rows, c * CHUNK + CHUNK)
         if k_type:
-            _k_rows(raw, code, r0, r1, xq, dx, sx, xl, out, isa,
-                    mine[:2 * n_sub], mine[2 * n_sub:3 * n_sub], mine[3 * n_sub:3 * n_sub + 8], mine[3 * n_sub + 8:])
+            _k_rows(raw, code, r0, r1, xq, dx, sx, xl, out, isa)
         else:
             _plain_rows(raw, code, r0, r1, xq, dx, sx, out, isa)

@@ -187,54 +187,83 @@ def _k_quants(context, builder, row_t, row, o, name: str) -> list:
 _K_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 
 
+def _pick(builder, v, lanes: list[int]):
+    return builder.shuffle_vector(v, v, ir.Constant(vec(I32, len(lanes)), lanes))
+
+
+def _k_scales_mins(context, builder, row_t, row, o):
+    """A Q4_K/Q5_K block's eight six-bit scales and mins (12 bytes at o + 4) as <8 x float> each:
+    j < 4 from the low six bits of bytes j and j + 4, j >= 4 from the nibbles of byte j + 4 and
+    the top two bits of bytes j - 4 and j."""
+    b = load(context, builder, row_t, row, at(builder, o, 4), I8, 16)   # past the 12 bytes: the block goes on
+    first, second, third = (_pick(builder, b, list(range(k, k + 4))) for k in (0, 4, 8))
+    six, four, fifteen = const(I8, 4, 63), const(I8, 4, 4), const(I8, 4, 15)
+    tops = [builder.shl(builder.lshr(v, const(I8, 4, 6)), four) for v in (first, second)]
+    scales = builder.shuffle_vector(builder.and_(first, six), builder.or_(builder.and_(third, fifteen), tops[0]),
+                                    ir.Constant(vec(I32, 8), list(range(8))))
+    mins = builder.shuffle_vector(builder.and_(second, six), builder.or_(builder.lshr(third, four), tops[1]),
+                                  ir.Constant(vec(I32, 8), list(range(8))))
+    return builder.uitofp(scales, vec(F32, 8)), builder.uitofp(mins, vec(F32, 8))
+
+
+def _lanes_of(builder, scalar, n: int):
+    return splat(builder, builder.insert_element(const(F32, 1, 0.0), scalar, ir.Constant(I32, 0)), n)
+
+
 def k_row_dot8(name: str):
-    """An intrinsic dot(row, scales, offsets, xq, dx, sx, xl, isa) -> float32 for the K type `name`
-    (q4_k, q5_k, q6_k) times the 8-bit activations. The caller works out each sub-block's scale
-    beforehand: Q4_K and Q5_K one per 32 (d · sc) with an offset per 32 (-dmin · m) taken against
-    sx; Q6_K one per 16 (d · sc), its quants' bias of 32 taken against xl, the activations' integer
-    sums (254 · xhi + xlo) over each 4 elements, the lanes of _int_dot's result."""
+    """An intrinsic dot(row, xq, dx, sx, xl, isa) -> float32 for the K type `name` (q4_k, q5_k,
+    q6_k) times the 8-bit activations, the sub-blocks' scales decoded in vector registers a block at
+    a time. Q4_K and Q5_K: d · sc per 32, and the mins' -dmin · m taken against sx; Q6_K: d · sc per
+    16, the quants' bias of 32 taken against xl, the activations' integer sums (254 · xhi + xlo)
+    over each 4 elements, which are the lanes of _int_dot's result."""
     size = _K_BYTES[name]
 
     @intrinsic
-    def dot(typingctx, row, scales, offsets, xq, dx, sx, xl, isa):
+    def dot(typingctx, row, xq, dx, sx, xl, isa):
         if isa not in _ISA_OF_TYPE:
             return None
         chosen = _ISA_OF_TYPE[isa]
 
         def codegen(context, builder, sig, args):
-            row_t, scales_t, offsets_t, xq_t, dx_t, sx_t, xl_t, _ = sig.args
-            row, scales, offsets, xq, dx, sx, xl, _ = args
+            row_t, xq_t, dx_t, sx_t, xl_t, _ = sig.args
+            row, xq, dx, sx, xl, _ = args
             acc = cgutils.alloca_once_value(builder, const(F32, 8, 0.0))
-            offset_sum = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+            min_acc = cgutils.alloca_once_value(builder, const(F32, 8, 0.0))
             n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
                                     ir.Constant(I64, size))
             with cgutils.for_range(builder, n_blocks) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, size))
+                s0 = builder.mul(loop.index, ir.Constant(I64, 8))   # the block's first sub-block of 32
+                units = builder.fmul(load(context, builder, dx_t, dx, s0, F32, 8), const(F32, 8, 1 / 254))
+                if name == "q6_k":
+                    d = _f16(context, builder, row_t, row, at(builder, o, 208))
+                    per16 = builder.fmul(builder.sitofp(load(context, builder, row_t, row, at(builder, o, 192), I8, 16),
+                                                        vec(F32, 16)), _lanes_of(builder, d, 16))
+                else:
+                    scales, mins = _k_scales_mins(context, builder, row_t, row, o)
+                    steps = builder.fmul(builder.fmul(scales, _lanes_of(builder, _f16(context, builder, row_t, row, o), 8)),
+                                         units)
+                    dmin = _f16(context, builder, row_t, row, at(builder, o, 2))
+                    offsets = builder.fmul(builder.fmul(mins, _lanes_of(builder, dmin, 8)),
+                                           load(context, builder, sx_t, sx, s0, F32, 8))
+                    builder.store(builder.fsub(builder.load(min_acc), offsets), min_acc)
                 total = builder.load(acc)
                 for j, q in enumerate(_k_quants(context, builder, row_t, row, o, name)):
-                    s = builder.add(builder.mul(loop.index, ir.Constant(I64, 8)), ir.Constant(I64, j))   # sub-block
-                    x_at = builder.mul(s, ir.Constant(I64, 64))
+                    x_at = builder.mul(builder.add(s0, ir.Constant(I64, j)), ir.Constant(I64, 64))
                     isum = _int_dot(builder, chosen, name, q, load(context, builder, xq_t, xq, x_at, I8, 32),
                                     load(context, builder, xq_t, xq, at(builder, x_at, 32), I8, 32))
-                    unit = builder.fmul(_scalar(context, builder, dx_t, dx, s, F32), ir.Constant(F32, 1 / 254))
                     if name == "q6_k":   # quants less their bias of 32; a scale for each half of the 32
-                        lanes = load(context, builder, xl_t, xl, builder.mul(s, ir.Constant(I64, 8)), I32, 8)
+                        lanes = load(context, builder, xl_t, xl, builder.mul(at(builder, s0, j), ir.Constant(I64, 8)), I32, 8)
                         isum = builder.sub(isum, builder.shl(lanes, const(I32, 8, 5)))
-                        pair = load(context, builder, scales_t, scales, builder.mul(s, ir.Constant(I64, 2)), F32, 2)
-                        scale = builder.fmul(builder.shuffle_vector(pair, pair, ir.Constant(vec(I32, 8), [0] * 4 + [1] * 4)),
-                                             splat(builder, builder.insert_element(const(F32, 1, 0.0), unit, ir.Constant(I32, 0)), 8))
+                        scale = builder.fmul(_pick(builder, per16, [2 * j] * 4 + [2 * j + 1] * 4), _pick(builder, units, [j] * 8))
                     else:
-                        step = builder.fmul(_scalar(context, builder, scales_t, scales, s, F32), unit)
-                        scale = splat(builder, builder.insert_element(const(F32, 1, 0.0), step, ir.Constant(I32, 0)), 8)
-                        offset = builder.fmul(_scalar(context, builder, offsets_t, offsets, s, F32),
-                                              _scalar(context, builder, sx_t, sx, s, F32))
-                        builder.store(builder.fadd(builder.load(offset_sum), offset), offset_sum)
+                        scale = _pick(builder, steps, [j] * 8)
                     total = builder.fadd(total, builder.fmul(builder.sitofp(isum, vec(F32, 8)), scale, flags=["fast"]),
                                          flags=["fast"])
                 builder.store(total, acc)
             fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, vec(F32, 8)]),
                                                 "llvm.vector.reduce.fadd.v8f32")
-            vector_sum = builder.call(fn, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
-            return builder.fadd(vector_sum, builder.load(offset_sum))
-        return types.float32(row, scales, offsets, xq, dx, sx, xl, isa), codegen
+            both = builder.fadd(builder.load(acc), builder.load(min_acc), flags=["fast"])
+            return builder.call(fn, [ir.Constant(F32, 0.0), both], fastmath=("reassoc",))
+        return types.float32(row, xq, dx, sx, xl, isa), codegen
     return dot

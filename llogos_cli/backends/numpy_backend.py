@@ -181,8 +181,16 @@ class NumpyBackend(AttentionOps, RecurrentOps):
         return self._rope_turn
 
     def glu(self, gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
-        if gelu:  # tanh approximation, as Gemma and llama.cpp use
-            g = 0.5 * gate * (1.0 + np.tanh(np.float32(0.7978845608028654) * (gate + np.float32(0.044715) * gate ** 3)))
+        if gelu:  # tanh approximation, as Gemma and llama.cpp use: ½ g (1 + tanh(√(2/π) g (1 + 0.044715 g²)))
+            g = gate * gate   # in place from here: gate ** 3 alone took NumPy ~120 µs for 2048 floats
+            g *= np.float32(0.044715)
+            g += np.float32(1)
+            g *= gate
+            g *= np.float32(0.7978845608028654)
+            np.tanh(g, out=g)
+            g += np.float32(1)
+            g *= gate
+            g *= np.float32(0.5)
         else:
             g = self.silu(gate)
         return g * up
