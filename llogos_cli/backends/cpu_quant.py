@@ -13,19 +13,17 @@ F16 and BF16 matrices always take the tile path.
 """
 
 import os
-from contextlib import contextmanager
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llogos_cli.backends import CPU_DOT_TYPES, cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
-from llogos_cli.backends.cpu_jit import get_num_threads, set_parallel_chunksize
+from llogos_cli.backends.cpu_jit import restore_chunks, share_out
 from llogos_cli.backends.cpu_simd_int8 import ISA_ARG, host_isa
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 4
-SHARES = 8                     # chunks of rows per thread in a product (see _matvec)
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
 INT16_BLOCK = 256              # activations share one scale per this many elements (a K-quant block)
 # Stand-ins for the per-token inputs a type's kernel does not read.
@@ -99,8 +97,11 @@ class QuantMatmul:
         out = np.empty((x.shape[0], raw.shape[0]), np.float32)
         xs = x.reshape(x.shape[0], -1, 32).sum(axis=2) if qtype in cpu_quant_dot.SUMS_TYPES else _NO_SUMS
         xq, dx = quantize_rows(x) if qtype in cpu_quant_dot.INT16_TYPES else _NO_INT16
-        with _shared_out(raw.shape[0], cpu_quant_dot.CHUNK):
+        before = share_out(-(-raw.shape[0] // cpu_quant_dot.CHUNK))
+        try:
             cpu_quant_dot.matvec(raw, int(qtype), x, xs, xq, dx, out)
+        finally:
+            restore_chunks(before)
         return out
 
     def _matvec8(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
@@ -112,8 +113,11 @@ class QuantMatmul:
             cpu_quant_int8.quantize_blocks(x, *self._quantized)
             self._quantized_of = x   # held, so that no other array can take its identity meanwhile
         out = np.empty((x.shape[0], raw.shape[0]), np.float32)
-        with _shared_out(raw.shape[0], cpu_quant_int8.CHUNK):
+        before = share_out(-(-raw.shape[0] // cpu_quant_int8.CHUNK))
+        try:
             cpu_quant_int8.matvec8(raw, int(qtype), *self._quantized, out, ISA_ARG[self.isa])
+        finally:
+            restore_chunks(before)
         return out
 
     def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
@@ -131,16 +135,3 @@ class QuantMatmul:
                 out[:, r0:r1] = x @ tile.T
         return out
 
-
-@contextmanager
-def _shared_out(rows: int, chunk: int):
-    """Chunks of rows handed out as threads come free, about SHARES per thread: on a shared machine
-    a thread that loses its core for a time slice then holds up one of them, not its whole part of
-    the rows. Each hand-out costs ~0.2 µs: one per 16 rows took a 1536-row product on one thread
-    from 84 to 101 µs."""
-    chunks = -(-rows // chunk)
-    before = set_parallel_chunksize(max(1, chunks // (SHARES * get_num_threads())))
-    try:
-        yield
-    finally:
-        set_parallel_chunksize(before)
