@@ -44,6 +44,8 @@ def test_the_backend_sets_the_count_once_per_forward_pass():
 def test_free_cores_subtracts_what_other_processes_used():
     # samples: (wall s, CPU s of every process, CPU s of this one)
     assert free_cores((0, 0, 0), (1, 1.0, 0.0), 2) == 1     # one core busy elsewhere
+    assert free_cores((0, 0, 0), (1, 0.8, 0.0), 2) == 1     # most of one
+    assert free_cores((0, 0, 0), (1, 0.6, 0.0), 2) == 2     # a light neighbour takes no core
     assert free_cores((0, 0, 0), (1, 2.0, 1.9), 2) == 2     # the work was our own
     assert free_cores((0, 0, 0), (1, 3.5, 0.0), 4) == 1     # keeps one core however busy
     assert free_cores((0, 0, 0), (2, 6.0, 0.0), 16) == 13   # a rate: 3 cores' worth over 2 s

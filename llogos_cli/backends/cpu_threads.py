@@ -98,10 +98,16 @@ def _busy_sample() -> tuple[float, float, float]:
     return wall, busy, mine
 
 
+TAKEN = 0.75   # the share of a core other processes must use for it to count as theirs
+
+
 def free_cores(before: tuple[float, float, float], after: tuple[float, float, float], cores: int) -> int:
-    """The cores other processes left free between two samples, at least one."""
+    """The cores other processes left free between two samples, at least one. A core counts as
+    taken once others use TAKEN of it: a light neighbour (a daemon, a mostly idle process) leaves
+    all the cores in use, since a thread that shares its core for brief moments loses less than
+    the core is worth."""
     wall = after[0] - before[0]
     others = (after[1] - before[1]) - (after[2] - before[2])
     if wall <= 0:
         return cores
-    return max(1, min(cores, cores - round(others / wall)))
+    return max(1, min(cores, cores - int(others / wall + 1 - TAKEN)))
