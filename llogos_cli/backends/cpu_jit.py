@@ -2,17 +2,29 @@
 
 Compiled kernels are cached (`cache=True`) in llogos' cache folder, so only the first run on a
 machine pays for compiling them; the folder has to be named before numba is imported, because
-numba reads NUMBA_CACHE_DIR once, at import. Importing this module is what makes the quantized
-path cost numba's import time: the float32 path never imports it.
+numba reads NUMBA_CACHE_DIR once, at import. It is named after the kernels' sources: numba checks
+a cached kernel against its own file only, so a changed intrinsic in cpu_simd*.py would otherwise
+leave the kernels of other files that inline it running the old code. Importing this module is
+what makes the quantized path cost numba's import time: the float32 path never imports it.
 """
 
+import hashlib
 import os
+from pathlib import Path
 
 import numpy as np
 
 from llogos_cli.paths import optional_cache_dir
 
-_folder = optional_cache_dir("numba")
+
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("cpu_*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+_folder = optional_cache_dir("numba", _sources_digest())
 if _folder is not None:   # else numba falls back to __pycache__ or its own per-user folder
     os.environ.setdefault("NUMBA_CACHE_DIR", str(_folder))
 
