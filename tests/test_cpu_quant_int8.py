@@ -53,7 +53,7 @@ def test_activations_are_held_within_a_508th_of_a_step():
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("n_tok", [1, cpu_quant.MATVEC_MAX_TOKENS])
+@pytest.mark.parametrize("n_tok", [1, cpu_quant.INT8_MAX_TOKENS])
 @pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
 def test_products_are_the_quantized_activations_times_the_weights(qtype, n_tok, isa):
     rng = np.random.default_rng(int(qtype) * 10 + n_tok)

@@ -1,11 +1,11 @@
 """The CPU's second `matmul`: products with GGUF matrices read in their blocks, never expanded.
 
-Two shapes of product, chosen by the number of tokens (measured crossover, see docs/PERF.md):
-- up to MATVEC_MAX_TOKENS tokens (decode, small batches): each weight row is decoded in registers
-  and dotted with every token's activations while it is in cache, rows shared out over every
-  core. The plain block types take 8-bit activations and integer instructions where the CPU has
-  them (cpu_quant_int8; `isa`: LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there
-  is); the others, and every type with `float`, float32 activations (cpu_quant_dot);
+Two shapes of product, chosen by the number of tokens (measured crossovers, see docs/PERF.md):
+- few tokens (decode, small batches, short prompts): each weight row is decoded in registers and
+  dotted with every token's activations while it is in cache, rows shared out over every core.
+  Where the CPU has integer dot products, up to INT8_MAX_TOKENS tokens with 8-bit activations
+  (cpu_quant_int8; `isa`: LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there is);
+  otherwise, or with `float`, up to MATVEC_MAX_TOKENS with float32 activations (cpu_quant_dot);
 - more tokens (batched decode, prefill): tiles of rows are expanded to float32 (cpu_quant_dequant)
   into one reused buffer and multiplied there, by cpu_rows for 2-64 rows, else by BLAS, so
   expanding a weight is paid once per tile, not once per token.
@@ -23,7 +23,8 @@ from llogos_cli.backends.cpu_simd_int8 import ISA_ARG, host_isa
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 
-MATVEC_MAX_TOKENS = 4
+MATVEC_MAX_TOKENS = 4    # float32 activations
+INT8_MAX_TOKENS = 12     # 8-bit activations: SmolLM2 12 tokens 47 ms against 52 from tiles, the 1B 255 against 437+
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
 INT16_BLOCK = 256              # activations share one scale per this many elements (a K-quant block)
 # Stand-ins for the per-token inputs a type's kernel does not read.
@@ -86,9 +87,10 @@ class QuantMatmul:
         rows, cols = raw.shape[0], quants.row_elements(raw, qtype)
         assert x.shape[1] == cols, f"x has {x.shape[1]} features, the matrix {cols}"
         x = np.ascontiguousarray(x, np.float32)
-        if x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
-            if self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES:
+        if self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES:
+            if x.shape[0] <= INT8_MAX_TOKENS:
                 return self._matvec8(x, raw, qtype)
+        elif x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
             return self._matvec(x, raw, qtype)
         return self._tiled(x, raw, qtype, rows, cols)
 
