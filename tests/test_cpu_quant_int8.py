@@ -13,7 +13,8 @@ from llogos_cli.backends import cpu_quant, cpu_quant_int8
 from llogos_cli.backends.cpu_quant import choose_isa
 from llogos_cli.backends.cpu_simd_int8 import ISA_ARG, host_isa
 from llogos_cli.errors import LlogosError
-from tests.conftest import relative_error
+from llogos_cli.model.loader import load
+from tests.conftest import FIXTURES, need, relative_error
 
 BLOCK = cpu_quant_int8.BLOCK
 ISAS = [isa for isa in ISA_ARG if host_isa() == "vnni" or (host_isa() == "avx2" and isa == "avx2")]
@@ -89,3 +90,11 @@ def test_the_instruction_set_can_be_chosen_and_is_checked(monkeypatch):
         choose_isa("sse9")
     monkeypatch.setenv("LLOGOS_CPU_ISA", "float")
     assert cpu_quant.QuantMatmul().isa == "float"
+
+
+def test_stats_say_which_products_decode(monkeypatch):
+    tiny = str(need(FIXTURES / "tiny-llama-q8_0.gguf"))
+    for isa, words in (("float", "float32 products"), *((i, "integer products") for i in ISAS)):
+        monkeypatch.setenv("LLOGOS_CPU_ISA", isa)
+        assert words in load(tiny, "cpu", "quantized", n_ctx=64).memory
+    assert "products" not in load(tiny, "cpu", "f32", n_ctx=64).memory
