@@ -231,6 +231,21 @@ def test_chat_stream_chunks_carry_only_what_they_add(smol):
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert all(set(d) == {"content"} and d["content"] is not None for d in deltas[1:-1]) and len(deltas) > 2
     assert set(deltas[-1]) <= {"content"}
+    assert not any("usage" in json.loads(e) for e in events[:-1])   # a stream that did not ask for usage
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                                        ("/v1/completions", {"prompt": "Hi"})])
+def test_streams_that_ask_for_usage_get_it_last_and_null_before(smol, path, body):
+    with httpx.stream("POST", smol.url + path, timeout=60, content=json.dumps(
+            {**body, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}})) as r:
+        chunks = [json.loads(e) for e in sse_events(r.read().decode())[:-1]]
+    assert all(c["usage"] is None for c in chunks[:-1]) and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_a_role_outside_openais_is_an_invalid_value(smol):
+    error = smol.post("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}).json()["error"]
+    assert error["code"] == "invalid_value" and error["param"] == "messages"
 
 
 def test_response_ids_are_unique_and_random(smol):

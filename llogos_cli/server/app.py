@@ -225,7 +225,8 @@ def _parse(schema, raw: bytes):
     try:
         return schema.model_validate_json(raw)
     except ValidationError as e:
-        raise ApiError(400, _explain(e.errors()), param=_param(e.errors())) from None
+        code = "invalid_value" if e.errors()[0]["type"] == "literal_error" else None   # OpenAI's, for a value outside a set
+        raise ApiError(400, _explain(e.errors()), param=_param(e.errors()), code=code) from None
 
 
 def _explain(errors) -> str:

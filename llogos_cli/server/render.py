@@ -21,8 +21,8 @@ DONE = b"data: [DONE]\n\n"
 FLOOR_LOGPROB = -9999.0
 
 
-def sse(event: BaseModel) -> bytes:
-    return b"data: " + event.model_dump_json().encode() + b"\n\n"
+def sse(event: BaseModel, exclude: set[str] | None = None) -> bytes:
+    return b"data: " + event.model_dump_json(exclude=exclude).encode() + b"\n\n"
 
 
 class _Renderer:
@@ -31,6 +31,10 @@ class _Renderer:
         self.n_top, self.prompt_n, self.include_usage = n_top, prompt_n, include_usage
         self.created = int(time.time())
         self.sent = ""           # streamed text so far
+
+    def _sse(self, chunk: BaseModel) -> bytes:
+        # OpenAI sends a chunk's "usage" (null until the last) only to streams that asked for it.
+        return sse(chunk, exclude=None if self.include_usage else {"usage"})
 
     def usage(self, result: Result) -> s.Usage:
         """The finished request's token counts, for its response and for its line in the request log."""
@@ -51,7 +55,7 @@ class _Renderer:
 class ChatRenderer(_Renderer):
     def _chunk(self, delta: s.ChatDelta, finish: str | None = None, logprobs=None) -> bytes:
         choice = s.ChatChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
-        return sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model, choices=[choice]))
+        return self._sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model, choices=[choice]))
 
     def _logprobs(self, ids: list[int], tops: list) -> s.ChatLogprobs:
         content = []
@@ -76,7 +80,7 @@ class ChatRenderer(_Renderer):
         usage, tail = self.usage(result), result.text[len(self.sent):]
         chunks = [self._chunk(s.ChatDelta(content=tail or None), FINISH[result.stop])]
         if self.include_usage:
-            chunks.append(sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
+            chunks.append(self._sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
                                                     choices=[], usage=usage)))
         return chunks
 
@@ -113,13 +117,13 @@ class CompletionRenderer(_Renderer):
             return None
         logprobs = None if self.n_top is None else self._logprobs([token.id], [token.logprobs], len(self.sent))
         self.sent += token.text
-        return sse(self._body(token.text, None, logprobs))
+        return self._sse(self._body(token.text, None, logprobs))
 
     def last(self, result: Result) -> list[bytes]:
         usage = self.usage(result)
-        chunks = [sse(self._body(result.text[len(self.sent):], FINISH[result.stop]))]
+        chunks = [self._sse(self._body(result.text[len(self.sent):], FINISH[result.stop]))]
         if self.include_usage:
-            chunks.append(sse(s.Completion(id=self.rid, created=self.created, model=self.model, choices=[],
+            chunks.append(self._sse(s.Completion(id=self.rid, created=self.created, model=self.model, choices=[],
                                            usage=usage)))
         return chunks
 
