@@ -262,8 +262,9 @@ def test_perplexity_command(env):
 
 
 def test_stdout_reader_going_away_ends_generate_with_success(env):
-    proc = subprocess.Popen([sys.executable, "-m", "llogos_cli", "generate", "-m", str(FIXTURES / "tiny-llama-f32.gguf"),
-                             "-n", "4000", "--ignore-eos", "-c", "8192", "--allow-long-ctx", "-p", "Once upon a time"],
+    tiny = str(need(FIXTURES / "tiny-llama-f32.gguf"))
+    proc = subprocess.Popen([sys.executable, "-m", "llogos_cli", "generate", "-m", tiny, "-n", "4000", "--ignore-eos",
+                             "-c", "8192", "--allow-long-ctx", "-p", "Once upon a time"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.read(1)        # `| head -c 1`: read a little and go
     proc.stdout.close()
@@ -277,7 +278,8 @@ def test_a_prompt_that_is_not_utf8_is_the_same_one_line_from_stdin_and_from_a_fi
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"caf\xe9 au lait\n")
     args, where = ([], "the prompt on stdin") if via == "stdin" else (["-f", str(bad)], f"prompt file {bad}")
+    tiny = str(need(FIXTURES / "tiny-llama-f32.gguf"))
     with open(bad if via == "stdin" else os.devnull, "rb") as stdin:
-        r = subprocess.run([sys.executable, "-m", "llogos_cli", "generate", "-m", str(FIXTURES / "tiny-llama-f32.gguf"),
-                            "-n", "2", *args], stdin=stdin, env=env, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "llogos_cli", "generate", "-m", tiny, "-n", "2", *args], stdin=stdin,
+                           env=env, capture_output=True, text=True, timeout=120)
     assert_one_line_error(r, f"error: {where} is not UTF-8 text: byte 0xe9 at offset 3")
