@@ -75,11 +75,23 @@ def _sum(builder, v):
     return builder.call(fn, [v])
 
 
-def _fsum(builder, v):
-    """The sum of a <32 x float>'s lanes, in any order."""
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, vec(F32, 32)]),
-                                        "llvm.vector.reduce.fadd.v32f32")
+def fsum(builder, v):
+    """The sum of a float vector's lanes, in any order."""
+    n = v.type.count
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, vec(F32, n)]),
+                                        f"llvm.vector.reduce.fadd.v{n}f32")
     return builder.call(fn, [ir.Constant(F32, 0.0), v], fastmath=("reassoc",))
+
+
+def broadcast(builder, scalar, n: int):
+    """A float32 scalar in all n lanes."""
+    return splat(builder, builder.insert_element(const(F32, 1, 0.0), scalar, ir.Constant(I32, 0)), n)
+
+
+def f16_at(context, builder, row_t, row, offset):
+    """The little-endian float16 at byte `offset` of row, as a float32 scalar."""
+    half = builder.bitcast(load(context, builder, row_t, row, offset, I16, 1), vec(ir.HalfType(), 1))
+    return builder.extract_element(builder.fpext(half, vec(F32, 1)), ir.Constant(I32, 0))
 
 
 @intrinsic
@@ -104,7 +116,7 @@ def q4_k_row_dot(typingctx, row, x, scales):
                     weights = builder.fmul(builder.uitofp(q, vec(F32, 32)), scale, flags=["fast"])
                     total = builder.fadd(total, builder.fmul(weights, xv, flags=["fast"]), flags=["fast"])
             builder.store(total, acc)
-        return _fsum(builder, builder.load(acc))
+        return fsum(builder, builder.load(acc))
     return types.float32(row, x, scales), codegen
 
 
@@ -144,7 +156,7 @@ def q6_k_half_sums(typingctx, row, o, h, xhi, xlo, e):
 
 # The plain 32-weight blocks: bytes, and the offsets of d (f16), m (f16: weight = d·q + m), the
 # fifth bits qh (u32) and the quants; `bias` is subtracted from the quants of the types without m.
-_PLAIN = {  # name: (bytes, d, m, qh, qs, bias)
+PLAIN = {  # name: (bytes, d, m, qh, qs, bias)
     "q8_0": (34, 0, None, None, 2, 0),
     "q4_0": (18, 0, None, None, 2, 8),
     "q4_1": (20, 0, 2, None, 4, 0),
@@ -153,30 +165,37 @@ _PLAIN = {  # name: (bytes, d, m, qh, qs, bias)
 }
 
 
-def _plain_weights(context, builder, row_t, row, o, name: str):
-    """The 32 weights of the `name` block at byte o of row, as one float32 vector. A 4-bit type's 16
-    bytes hold elements 0-15 in their low nibbles, 16-31 in the high; Q5's u32 gives element j its
-    fifth bit j."""
-    _, d_at, m_at, qh_at, qs_at, bias = _PLAIN[name]
+def plain_quants(context, builder, row_t, row, o, name: str):
+    """The 32 stored quants of the `name` block at byte o of row as <32 x i8>, in element order
+    (Q8_0's signed, the others' unsigned, their bias not yet taken off). A 4-bit type's 16 bytes
+    hold elements 0-15 in their low nibbles, 16-31 in the high; Q5's u32 gives element j its fifth
+    bit j."""
+    _, _, _, qh_at, qs_at, _ = PLAIN[name]
     if name == "q8_0":
-        q = builder.sext(load(context, builder, row_t, row, at(builder, o, qs_at), I8, 32), vec(I32, 32))
-    else:
-        v = load(context, builder, row_t, row, at(builder, o, qs_at), I8, 16)
-        nibbles = builder.shuffle_vector(builder.and_(v, const(I8, 16, 15)), builder.lshr(v, const(I8, 16, 4)),
-                                         ir.Constant(vec(I32, 32), list(range(32))))
-        q = builder.zext(nibbles, vec(I32, 32))
+        return load(context, builder, row_t, row, at(builder, o, qs_at), I8, 32)
+    v = load(context, builder, row_t, row, at(builder, o, qs_at), I8, 16)
+    q = builder.shuffle_vector(builder.and_(v, const(I8, 16, 15)), builder.lshr(v, const(I8, 16, 4)),
+                               ir.Constant(vec(I32, 32), list(range(32))))
     if qh_at is not None:
         qh = splat(builder, load(context, builder, row_t, row, at(builder, o, qh_at), I32, 1), 32)
-        bits = builder.lshr(qh, ir.Constant(vec(I32, 32), list(range(32))))
-        q = builder.or_(q, builder.shl(builder.and_(bits, const(I32, 32, 1)), const(I32, 32, 4)))
+        bits = builder.and_(builder.lshr(qh, ir.Constant(vec(I32, 32), list(range(32)))), const(I32, 32, 1))
+        q = builder.or_(q, builder.shl(builder.trunc(bits, vec(I8, 32)), const(I8, 32, 4)))
+    return q
+
+
+def _plain_weights(context, builder, row_t, row, o, name: str):
+    """The 32 weights of the `name` block at byte o of row, as one float32 vector."""
+    _, d_at, m_at, _, _, bias = PLAIN[name]
+    q = plain_quants(context, builder, row_t, row, o, name)
+    q = builder.sext(q, vec(I32, 32)) if name == "q8_0" else builder.zext(q, vec(I32, 32))
     if bias:
         q = builder.sub(q, const(I32, 32, bias))
-
-    def f16_splat(field):   # the little-endian float16 at byte o + field, as float32 in every lane
-        half = builder.bitcast(load(context, builder, row_t, row, at(builder, o, field), I16, 1), vec(ir.HalfType(), 1))
-        return splat(builder, builder.fpext(half, vec(F32, 1)), 32)
-    weights = builder.fmul(builder.sitofp(q, vec(F32, 32)), f16_splat(d_at), flags=["fast"])
-    return weights if m_at is None else builder.fadd(weights, f16_splat(m_at), flags=["fast"])
+    weights = builder.fmul(builder.sitofp(q, vec(F32, 32)),
+                           broadcast(builder, f16_at(context, builder, row_t, row, at(builder, o, d_at)), 32), flags=["fast"])
+    if m_at is None:
+        return weights
+    return builder.fadd(weights, broadcast(builder, f16_at(context, builder, row_t, row, at(builder, o, m_at)), 32),
+                        flags=["fast"])
 
 
 @contextmanager
@@ -192,7 +211,7 @@ def plain_row_dot(name: str):
     """An intrinsic dot(row, x) -> float32: Σ over the row's blocks of Σ_l w_l · x[32k + l] for
     the plain type `name` (q8_0, q4_0, q4_1, q5_0, q5_1), float32 x; the products are added into
     one vector, summed once per row."""
-    size = _PLAIN[name][0]
+    size = PLAIN[name][0]
 
     @intrinsic
     def dot(typingctx, row, x):
@@ -204,14 +223,14 @@ def plain_row_dot(name: str):
                 weights = _plain_weights(context, builder, row_t, row, o, name)
                 xv = load(context, builder, x_t, x, e, F32, 32)
                 builder.store(builder.fadd(builder.load(acc), builder.fmul(weights, xv, flags=["fast"]), flags=["fast"]), acc)
-            return _fsum(builder, builder.load(acc))
+            return fsum(builder, builder.load(acc))
         return types.float32(row, x), codegen
     return dot
 
 
 def plain_row_expand(name: str):
     """An intrinsic expand(row, out): the row's weights of the plain type `name`, into float32 out."""
-    size = _PLAIN[name][0]
+    size = PLAIN[name][0]
 
     @intrinsic
     def expand(typingctx, row, out):
@@ -261,8 +280,7 @@ def f32_rows_tile(rows: int, vectors: int):
                 xs = [builder.load(builder.bitcast(builder.gep(xk, [ir.Constant(I64, ROW_LANES * v)]), vec(F32, ROW_LANES).as_pointer()),
                                    align=4) for v in range(vectors)]
                 for i in range(rows):
-                    wk = splat(builder, builder.insert_element(const(F32, 1, 0.0), builder.load(builder.gep(row_ptrs[i], [k])),
-                                                                ir.Constant(I32, 0)), ROW_LANES)
+                    wk = broadcast(builder, builder.load(builder.gep(row_ptrs[i], [k])), ROW_LANES)
                     for v in range(vectors):
                         total = builder.fadd(builder.load(acc[i][v]), builder.fmul(wk, xs[v], flags=["fast"]), flags=["fast"])
                         builder.store(total, acc[i][v])

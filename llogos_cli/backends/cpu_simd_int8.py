@@ -27,7 +27,23 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from llogos_cli.backends.cpu_simd import F32, I8, I16, I32, I64, at, const, each_block, load, splat, vec
+from llogos_cli.backends.cpu_simd import (
+    F32,
+    I8,
+    I16,
+    I32,
+    I64,
+    PLAIN,
+    at,
+    broadcast,
+    const,
+    each_block,
+    f16_at,
+    fsum,
+    load,
+    plain_quants,
+    vec,
+)
 
 ISA_ARG = {"vnni": np.int8(0), "avx2": np.int16(0)}   # the type of the scalar is what counts
 _ISA_OF_TYPE = {types.int8: "vnni", types.int16: "avx2"}
@@ -43,36 +59,9 @@ def host_isa() -> str | None:
     return None
 
 
-# Plain 32-weight blocks: bytes, offsets of d (f16), m (f16, or None), the fifth bits qh (u32, or
-# None) and the quants, and the bias subtracted from the stored quants.
-_PLAIN = {  # name: (bytes, d, m, qh, qs, bias)
-    "q8_0": (34, 0, None, None, 2, 128),
-    "q4_0": (18, 0, None, None, 2, 8),
-    "q4_1": (20, 0, 2, None, 4, 0),
-    "q5_0": (22, 0, None, 2, 6, 16),
-    "q5_1": (24, 0, 2, 4, 8, 0),
-}
-
-
 def _call(builder, name: str, ret: ir.Type, *args):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
     return builder.call(fn, args)
-
-
-def _quants(context, builder, row_t, row, o, name: str):
-    """The block's 32 stored quants as <32 x i8> in element order: 4-bit types hold elements 0-15 in
-    their 16 bytes' low nibbles, 16-31 in the high; Q5's u32 gives element j its fifth bit j."""
-    _, _, _, qh_at, qs_at, _ = _PLAIN[name]
-    if name == "q8_0":
-        return load(context, builder, row_t, row, at(builder, o, qs_at), I8, 32)
-    v = load(context, builder, row_t, row, at(builder, o, qs_at), I8, 16)
-    q = builder.shuffle_vector(builder.and_(v, const(I8, 16, 15)), builder.lshr(v, const(I8, 16, 4)),
-                               ir.Constant(vec(I32, 32), list(range(32))))
-    if qh_at is not None:
-        qh = splat(builder, load(context, builder, row_t, row, at(builder, o, qh_at), I32, 1), 32)
-        bits = builder.and_(builder.lshr(qh, ir.Constant(vec(I32, 32), list(range(32)))), const(I32, 32, 1))
-        q = builder.or_(q, builder.shl(builder.trunc(bits, vec(I8, 32)), const(I8, 32, 4)))
-    return q
 
 
 def _int_dot(builder, isa: str, name: str, q, xhi, xlo):
@@ -100,23 +89,23 @@ def _times_254(builder, v):
     return builder.sub(builder.shl(v, const(I32, 8, 8)), builder.shl(v, const(I32, 8, 1)))
 
 
-def _f16(context, builder, row_t, row, offset):
-    half = builder.bitcast(load(context, builder, row_t, row, offset, I16, 1), vec(ir.HalfType(), 1))
-    return builder.extract_element(builder.fpext(half, vec(F32, 1)), ir.Constant(I32, 0))
+def _scalar(context, builder, array_t, array, index, elem: ir.Type):
+    return builder.extract_element(load(context, builder, array_t, array, index, elem, 1), ir.Constant(I32, 0))
 
 
 def plain_row_dot8(name: str):
     """An intrinsic dot(row, xq, dx, sx, isa) -> float32: Σ over the row's `name` blocks of the
     weights times the 8-bit activations (xq int8, dx and sx float32 per 32), in `isa`'s integer
     instructions."""
-    size, d_at, m_at, _, _, bias = _PLAIN[name]
+    size, d_at, m_at, _, _, stored_bias = PLAIN[name]
 
     @intrinsic
     def dot(typingctx, row, xq, dx, sx, isa):
         if isa not in _ISA_OF_TYPE:
             return None
         chosen = _ISA_OF_TYPE[isa]
-        signed_q8 = name == "q8_0" and chosen == "avx2"   # |q| and q's sign: no bias (_int_dot)
+        # the bias of the unsigned bytes _int_dot multiplies: with VNNI, Q8_0's are q + 128
+        bias = 128 if name == "q8_0" and chosen == "vnni" else stored_bias
 
         def codegen(context, builder, sig, args):
             row_t, xq_t, dx_t, sx_t, _ = sig.args
@@ -125,32 +114,24 @@ def plain_row_dot8(name: str):
             offsets = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
             with each_block(context, builder, row_t, row, size) as (o, e):
                 k = builder.udiv(e, ir.Constant(I64, 32))
-                isum = _int_dot(builder, chosen, name, _quants(context, builder, row_t, row, o, name),
+                isum = _int_dot(builder, chosen, name, plain_quants(context, builder, row_t, row, o, name),
                                 load(context, builder, xq_t, xq, builder.add(e, e), I8, 32),
                                 load(context, builder, xq_t, xq, at(builder, builder.add(e, e), 32), I8, 32))
-                d = _f16(context, builder, row_t, row, at(builder, o, d_at))
-                dxk = builder.extract_element(load(context, builder, dx_t, dx, k, F32, 1), ir.Constant(I32, 0))
-                sxk = builder.extract_element(load(context, builder, sx_t, sx, k, F32, 1), ir.Constant(I32, 0))
+                d = f16_at(context, builder, row_t, row, at(builder, o, d_at))
+                dxk, sxk = _scalar(context, builder, dx_t, dx, k, F32), _scalar(context, builder, sx_t, sx, k, F32)
                 step = builder.fmul(d, builder.fmul(dxk, ir.Constant(F32, 1 / 254)))   # a unit of xlo
-                scale = splat(builder, builder.insert_element(const(F32, 1, 0.0), step, ir.Constant(I32, 0)), 8)
+                scale = broadcast(builder, step, 8)
                 total = builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(isum, vec(F32, 8)), scale, flags=["fast"]),
                                      flags=["fast"])
                 builder.store(total, acc)
                 # the offset of every weight from d · u: m (if any) less bias · d
-                offset = builder.fmul(ir.Constant(F32, 0.0 if signed_q8 else -float(bias)), d)
+                offset = builder.fmul(ir.Constant(F32, -float(bias)), d)
                 if m_at is not None:
-                    offset = builder.fadd(offset, _f16(context, builder, row_t, row, at(builder, o, m_at)))
+                    offset = builder.fadd(offset, f16_at(context, builder, row_t, row, at(builder, o, m_at)))
                 builder.store(builder.fadd(builder.load(offsets), builder.fmul(offset, sxk)), offsets)
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, vec(F32, 8)]),
-                                                "llvm.vector.reduce.fadd.v8f32")
-            vector_sum = builder.call(fn, [ir.Constant(F32, 0.0), builder.load(acc)], fastmath=("reassoc",))
-            return builder.fadd(vector_sum, builder.load(offsets))
+            return builder.fadd(fsum(builder, builder.load(acc)), builder.load(offsets))
         return types.float32(row, xq, dx, sx, isa), codegen
     return dot
-
-
-def _scalar(context, builder, array_t, array, index, elem: ir.Type):
-    return builder.extract_element(load(context, builder, array_t, array, index, elem, 1), ir.Constant(I32, 0))
 
 
 def _k_quants(context, builder, row_t, row, o, name: str) -> list:
@@ -206,10 +187,6 @@ def _k_scales_mins(context, builder, row_t, row, o):
     return builder.uitofp(scales, vec(F32, 8)), builder.uitofp(mins, vec(F32, 8))
 
 
-def _lanes_of(builder, scalar, n: int):
-    return splat(builder, builder.insert_element(const(F32, 1, 0.0), scalar, ir.Constant(I32, 0)), n)
-
-
 def k_row_dot8(name: str):
     """An intrinsic dot(row, xq, dx, sx, xl, isa) -> float32 for the K type `name` (q4_k, q5_k,
     q6_k) times the 8-bit activations, the sub-blocks' scales decoded in vector registers a block at
@@ -236,15 +213,15 @@ def k_row_dot8(name: str):
                 s0 = builder.mul(loop.index, ir.Constant(I64, 8))   # the block's first sub-block of 32
                 units = builder.fmul(load(context, builder, dx_t, dx, s0, F32, 8), const(F32, 8, 1 / 254))
                 if name == "q6_k":
-                    d = _f16(context, builder, row_t, row, at(builder, o, 208))
+                    d = f16_at(context, builder, row_t, row, at(builder, o, 208))
                     per16 = builder.fmul(builder.sitofp(load(context, builder, row_t, row, at(builder, o, 192), I8, 16),
-                                                        vec(F32, 16)), _lanes_of(builder, d, 16))
+                                                        vec(F32, 16)), broadcast(builder, d, 16))
                 else:
                     scales, mins = _k_scales_mins(context, builder, row_t, row, o)
-                    steps = builder.fmul(builder.fmul(scales, _lanes_of(builder, _f16(context, builder, row_t, row, o), 8)),
+                    steps = builder.fmul(builder.fmul(scales, broadcast(builder, f16_at(context, builder, row_t, row, o), 8)),
                                          units)
-                    dmin = _f16(context, builder, row_t, row, at(builder, o, 2))
-                    offsets = builder.fmul(builder.fmul(mins, _lanes_of(builder, dmin, 8)),
+                    dmin = f16_at(context, builder, row_t, row, at(builder, o, 2))
+                    offsets = builder.fmul(builder.fmul(mins, broadcast(builder, dmin, 8)),
                                            load(context, builder, sx_t, sx, s0, F32, 8))
                     builder.store(builder.fsub(builder.load(min_acc), offsets), min_acc)
                 total = builder.load(acc)
@@ -261,9 +238,6 @@ def k_row_dot8(name: str):
                     total = builder.fadd(total, builder.fmul(builder.sitofp(isum, vec(F32, 8)), scale, flags=["fast"]),
                                          flags=["fast"])
                 builder.store(total, acc)
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, vec(F32, 8)]),
-                                                "llvm.vector.reduce.fadd.v8f32")
-            both = builder.fadd(builder.load(acc), builder.load(min_acc), flags=["fast"])
-            return builder.call(fn, [ir.Constant(F32, 0.0), both], fastmath=("reassoc",))
+            return fsum(builder, builder.fadd(builder.load(acc), builder.load(min_acc), flags=["fast"]))
         return types.float32(row, xq, dx, sx, xl, isa), codegen
     return dot
