@@ -8,6 +8,7 @@ leave the kernels of other files that inline it running the old code. Importing 
 what makes the quantized path cost numba's import time: the float32 path never imports it.
 """
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -49,17 +50,20 @@ def share_out(chunks: int) -> int:
     the threading layer's own functions once its threads run: numba's public getter and setters
     check and start them on every call, ~4 µs of a 6 µs product. (Inside a kernel, they would keep
     numba from caching it.)"""
-    if _threading.get("set") is None:
-        numba.get_num_threads()   # starts the threads, which makes the functions below exist
-        _threading.update(set=_parallel._set_parallel_chunksize, count=_parallel._get_num_threads)
-    return _threading["set"](max(1, chunks // (SHARES * _threading["count"]())))
+    set_chunks, thread_count = _threading_layer()
+    return set_chunks(max(1, chunks // (SHARES * thread_count())))
 
 
 def restore_chunks(before: int) -> None:
-    _threading["set"](before)
+    _threading_layer()[0](before)
 
 
-_threading: dict = {}
+@functools.cache
+def _threading_layer():
+    """The threading layer's chunk-size setter and thread-count getter, which exist once numba has
+    started its threads."""
+    numba.get_num_threads()
+    return _parallel._set_parallel_chunksize, _parallel._get_num_threads
 
 # float16 bit pattern -> float32, for the per-block scales (a global array is frozen into the code).
 F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)

@@ -49,6 +49,9 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(x.shape[0], 2, -1), scale
 
 
+ISA_NAMES = {"vnni": "AVX-512 VNNI integer", "avx2": "AVX2 integer", "float": "float32"}
+
+
 def choose_isa(asked: str | None) -> str:
     """The instruction set of the integer products: `asked` (LLOGOS_CPU_ISA) if the CPU has it,
     else the best it has; "float" keeps every product in float32."""
@@ -87,10 +90,10 @@ class QuantMatmul:
         rows, cols = raw.shape[0], quants.row_elements(raw, qtype)
         assert x.shape[1] == cols, f"x has {x.shape[1]} features, the matrix {cols}"
         x = np.ascontiguousarray(x, np.float32)
-        if self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES:
-            if x.shape[0] <= INT8_MAX_TOKENS:
-                return self._matvec8(x, raw, qtype)
-        elif x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
+        int8 = self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES
+        if int8 and x.shape[0] <= INT8_MAX_TOKENS:
+            return self._matvec8(x, raw, qtype)
+        if not int8 and x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
             return self._matvec(x, raw, qtype)
         return self._tiled(x, raw, qtype, rows, cols)
 
@@ -108,10 +111,10 @@ class QuantMatmul:
 
     def _matvec8(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
         if x is not self._quantized_of:
-            n_blocks = x.shape[1] // cpu_quant_int8.BLOCK
-            self._quantized = (np.empty((x.shape[0], 2 * x.shape[1]), np.int8), np.empty((x.shape[0], n_blocks), np.float32),
-                               np.empty((x.shape[0], n_blocks), np.float32),
-                               np.empty((x.shape[0], x.shape[1] // cpu_quant_int8.LANE), np.int32))
+            n_tok, cols = x.shape
+            n_blocks = cols // cpu_quant_int8.BLOCK
+            self._quantized = (np.empty((n_tok, 2 * cols), np.int8), np.empty((n_tok, n_blocks), np.float32),
+                               np.empty((n_tok, n_blocks), np.float32), np.empty((n_tok, cols // cpu_quant_int8.LANE), np.int32))
             cpu_quant_int8.quantize_blocks(x, *self._quantized)
             self._quantized_of = x   # held, so that no other array can take its identity meanwhile
         out = np.empty((x.shape[0], raw.shape[0]), np.float32)
@@ -136,4 +139,3 @@ class QuantMatmul:
             else:
                 out[:, r0:r1] = x @ tile.T
         return out
-

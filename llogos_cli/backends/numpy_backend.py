@@ -89,6 +89,14 @@ class NumpyBackend(AttentionOps, RecurrentOps):
         """Threads that prepare weights at load time (NumPy releases the GIL while it dequantizes)."""
         return self.threads.load_threads
 
+    @property
+    def products(self) -> str | None:
+        """What decode's products in the blocks multiply in (for --stats); None for float32 rows."""
+        if self.weights != "quantized":
+            return None
+        from llogos_cli.backends.cpu_quant import ISA_NAMES
+        return ISA_NAMES[self.quant_matmul.isa]
+
     def warm_up(self) -> None:
         """Compile the kernels this backend will call (numba caches them: on a machine's first run
         this takes seconds, later runs only load them), so no prompt's time includes it."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from llogos_cli.engine.batch import Request, row_seed
 from llogos_cli.engine.conversation import ChatFormat, parse_messages
-from llogos_cli.engine.sampling import SamplingParams
+from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 
@@ -162,7 +162,7 @@ def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: Defaults)
             raise LlogosError("\"logprobs\" must be the number of top log-probabilities to report")
         n_logprobs = int(n_logprobs)
     overrides = {field: _typed(fields, name, kinds) for name, (field, kinds) in _SAMPLING.items() if name in fields}
-    if overrides.get("seed") == -1:   # llama.cpp's "draw a seed": the row's own, as without "seed"
+    if overrides.get("seed") == DRAW_SEED:   # the row's own, as without "seed"
         del overrides["seed"]
     overrides.setdefault("seed", row_seed(d.seed, rid))
     return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs)

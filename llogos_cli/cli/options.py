@@ -9,7 +9,7 @@ import click
 from llogos_cli.backends import BACKENDS, CACHE_TYPES
 from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.engine.conversation import ChatFormat
-from llogos_cli.engine.sampling import SamplingParams
+from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.registry import ModelEntry
 from llogos_cli.tokenizer import chat_template
@@ -17,8 +17,7 @@ from llogos_cli.tokenizer.tokenizer import Tokenizer
 
 
 def _random_seed(ctx, param, seed: int | None) -> int | None:
-    # llama.cpp spells "draw a seed" -1 (its default), so scripts written for it pass that.
-    return None if seed == -1 else seed
+    return None if seed == DRAW_SEED else seed
 
 
 # Sampling flags, each with llama.cpp's name and meaning. Defaults live in SamplingParams so a
@@ -45,9 +44,13 @@ def _go_offline(ctx, param, on: bool) -> None:
         os.environ["LLOGOS_OFFLINE"] = "1"
 
 
+# -m alone: tokenize and info need the model but none of the loading options below.
+model_name_option = click.option("-m", "--model", "model_name", metavar="NAME|PATH",
+                                 help="A name from models.toml or a path to a .gguf file. "
+                                      "[default: models.toml's default]")
+
 _MODEL = [
-    click.option("-m", "--model", "model_name", metavar="NAME|PATH",
-                 help="A name from models.toml or a path to a .gguf file. [default: models.toml's default]"),
+    model_name_option,
     click.option("-c", "--ctx-size", type=click.IntRange(min=0), help="Context size in tokens; 0 = the model's trained context. "
                  "[default: trained context, at most 4096]"),
     click.option("--allow-long-ctx", is_flag=True, help="Keep a -c beyond the model's trained context "

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import cache_types, model_options, read_prompt, threads
+from llogos_cli.cli.options import cache_types, model_name_option, model_options, read_prompt, threads
 from llogos_cli.console import err
 from llogos_cli.engine.perplexity import perplexity
 from llogos_cli.errors import LlogosError
@@ -28,11 +28,6 @@ from llogos_cli.model.registry import pull as pull_entry
 from llogos_cli.tokenizer.tokenizer import Tokenizer
 
 out = Console(highlight=False, soft_wrap=True)
-
-
-# tokenize and info need only the model, not the loading options of the commands that run one.
-_model_option = click.option("-m", "--model", "model_name", metavar="NAME|PATH",
-                             help="A name from models.toml or a path to a .gguf file. [default: models.toml's default]")
 
 
 @cli.command()
@@ -63,7 +58,7 @@ def pull(names, force):
 
 @cli.command()
 @click.argument("model", required=False)
-@_model_option
+@model_name_option
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as one JSON object.")
 def info(model, model_name, as_json):
     """Architecture, sizes, tensor types and tokenizer facts of the model (-m, or MODEL)."""
@@ -154,7 +149,7 @@ def _print_table(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = N
 
 @cli.command()
 @click.argument("args", nargs=-1, metavar="[MODEL] [TEXT]")
-@_model_option
+@model_name_option
 @click.option("--pieces", is_flag=True, help="Show each token's text beside its id.")
 @click.option("--no-bos", is_flag=True, help="Do not add BOS even if the model asks for it.")
 @click.option("--no-parse-special", is_flag=True, help="Treat special-token text as plain text.")

@@ -13,6 +13,9 @@ import numpy as np
 from llogos_cli.errors import LlogosError
 
 
+# llama.cpp's spelling of "draw a seed" (its default), which scripts and clients written for it pass.
+DRAW_SEED = -1
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temp: float = 0.8
@@ -23,7 +26,7 @@ class SamplingParams:
     repeat_last_n: int = 64          # -1: the whole context, 0: no penalties
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int | None = None          # None: a fresh random seed
+    seed: int | None = None          # None: a fresh random seed (DRAW_SEED on a command line or in a request)
 
     def __post_init__(self):
         checks = [

@@ -20,7 +20,6 @@ from llogos_cli.model.registry import ModelEntry, resolve_model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_MAX_CTX = 4096
-_ISA_WORDS = {"vnni": "AVX-512 VNNI integer", "avx2": "AVX2 integer", "float": "float32"}
 COMPILE_NOTICE_S = 1.0   # loading compiled kernels from numba's cache takes less than this; compiling them, seconds
 
 
@@ -96,8 +95,7 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
     memory.check_fits(need, available, "GPU" if held == "cuda" else "host", n_ctx, held)
     note = f"{need.total / memory.GiB:.2f} GiB needed of {available / memory.GiB:.1f} GiB available"
     if held != "cuda":
-        isa = getattr(getattr(b, "quant_matmul", None), "isa", None)
-        products = f", {_ISA_WORDS[isa]} products" if isa else ""
+        products = f", {b.products} products" if b.products else ""
         note = f"cpu weights {weights} ({why}{products}); {note}"
     with err.status(f"loading {source.path.name}", spinner="dots"):
         model = Model(f, b)

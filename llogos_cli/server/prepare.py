@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from llogos_cli.engine.batch import Request
 from llogos_cli.engine.conversation import ChatFormat, Message
-from llogos_cli.engine.sampling import SamplingParams
+from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.server.errors import ApiError
@@ -84,7 +84,7 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
                        f"context {n_ctx}, leaving {n_ctx - len(ids)}", code="context_length_exceeded",
                        param="max_tokens")
     overrides = {field: getattr(body, name) for name, field in _SAMPLING.items() if getattr(body, name) is not None}
-    if overrides.get("seed") == -1:   # llama-server's "draw a seed", even over the server's --seed
+    if overrides.get("seed") == DRAW_SEED:   # a random one, even over the server's --seed, as llama-server does
         overrides["seed"] = None
     try:
         params = replace(defaults.params, **overrides)

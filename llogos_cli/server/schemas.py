@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from llogos_cli.engine.sampling import DRAW_SEED
+
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16
 
@@ -54,7 +56,7 @@ class _Generation(_Strict):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repeat_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    seed: Annotated[int, Field(ge=-1, lt=2 ** 64)] | None = None   # -1: a random one, as in llama-server
+    seed: Annotated[int, Field(ge=DRAW_SEED, lt=2 ** 64)] | None = None   # DRAW_SEED: a random one
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     ignore_eos: bool = False
     n: Literal[1] = 1                         # one choice per request
