@@ -19,6 +19,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+import llogos_cli  # noqa: F401  (before NumPy, whose OpenBLAS reads llogos' settings as it loads)
 import numpy as np
 
 PROMPT_TOKENS = 128

@@ -20,7 +20,11 @@ from llogos_cli.paths import cache_dir
 
 # Byte offsets of the float16 scales in each type's block: random bytes there could be inf or NaN.
 _F16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
-               T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+               T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+               T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.MXFP4: ()}
+# About the largest multiple of the float16 scale d a type's weights reach (sub-block scale times
+# quant), so that random d of scale / levels give weights of magnitude ~scale.
+_LEVELS = {T.Q2_K: 32, T.Q3_K: 128, T.Q4_K: 64, T.Q5_K: 64, T.IQ4_NL: 128, T.IQ4_XS: 4096}
 
 
 def random_rows(qtype: T, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
@@ -32,10 +36,11 @@ def random_rows(qtype: T, rows: int, cols: int, rng: np.random.Generator, scale:
         return w.astype(np.float16 if qtype == T.F16 else np.float32).view(np.uint8)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    levels = 64 if qtype in (T.Q4_K, T.Q5_K) else 32   # sub-block scales multiply d by up to 63
     for o in _F16_FIELDS[qtype]:
-        d = rng.uniform(0.25, 1.0, (rows, cols // block)) * scale / levels
+        d = rng.uniform(0.25, 1.0, (rows, cols // block)) * scale / _LEVELS.get(qtype, 32)
         raw[..., o:o + 2] = d.astype(np.float16)[..., None].view(np.uint8)
+    if qtype == T.MXFP4:   # the E8M0 byte e scales by 2^(e - 128), the values up to 12 of it
+        raw[..., 0] = 128 + np.floor(np.log2(scale / 12)) - rng.integers(0, 2, (rows, cols // block))
     return raw.reshape(rows, -1)
 
 

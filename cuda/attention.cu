@@ -5,12 +5,13 @@
 //
 // Grid (n_head, T), ATTENTION_WARPS warps per block. Query t, at position pos[t] of cache slot
 // slots[t], sees that slot's keys in [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: all of
-// them). Every query has its own span, so the decode rows of many sequences go in one launch;
-// slots and positions are read from device memory, so a captured decode step replays for other
-// rows. Each warp takes tiles of 32 keys in turn, one key per lane: the lane computes its key's
-// score against the query (held in shared memory), the warp updates its running max and sum, and
-// then the lanes, each owning runs of 4 output features, accumulate the 32 weighted value rows.
-// The warps' partial results are merged at the end.
+// them); its scores s = scale q·k become softcap tanh(s / softcap) unless softcap is 0 (Gemma 2).
+// Every query has its own span, so the decode rows of many sequences go in one launch; slots and
+// positions are read from device memory, so a captured decode step replays for other rows. Each
+// warp takes tiles of 32 keys in turn, one key per lane: the lane computes its key's score against
+// the query (held in shared memory), the warp updates its running max and sum, and then the lanes,
+// each owning runs of 4 output features, accumulate the 32 weighted value rows. The warps' partial
+// results are merged at the end.
 #include "kv_cache.cuh"
 
 #define ATTENTION_WARPS 4
@@ -20,7 +21,8 @@ static_assert(MAX_HEAD_DIM % (4 * WARP_SIZE) == 0, "each lane owns whole runs of
 
 template <class K, class V>
 __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, float* out, const int* slots,
-                          const int* pos, int n_head, int n_kv, int dk, int dv, int n_ctx, float scale, int window) {
+                          const int* pos, int n_head, int n_kv, int dk, int dv, int n_ctx, float scale, int window,
+                          float softcap) {
     __shared__ float q_s[MAX_HEAD_DIM];
     __shared__ float m_s[ATTENTION_WARPS], l_s[ATTENTION_WARPS];
     __shared__ float acc_s[ATTENTION_WARPS][MAX_HEAD_DIM];
@@ -47,7 +49,7 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
                 const float4 kv4 = K::load4(keys + key * k_row, e);
                 dot += q_s[e] * kv4.x + q_s[e + 1] * kv4.y + q_s[e + 2] * kv4.z + q_s[e + 3] * kv4.w;
             }
-            s = dot * scale;
+            s = soft_capped(dot * scale, softcap);
         }
         const float m_new = fmaxf(m, warp_max(s));  // finite: this tile's first key is in range
         const float p = expf(s - m_new), correction = expf(m - m_new);
@@ -101,9 +103,9 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
     extern "C" __global__ void __launch_bounds__(ATTENTION_WARPS * WARP_SIZE) attention_##tk##_##tv(          \
         const float* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,          \
         float* __restrict__ out, const int* __restrict__ slots, const int* __restrict__ pos, int n_head,      \
-        int n_kv, int dk, int dv, int n_ctx, float scale, int window) {                                       \
+        int n_kv, int dk, int dv, int n_ctx, float scale, int window, float softcap) {                        \
         attention<kv_##tk, kv_##tv>(q, k_cache, v_cache, out, slots, pos, n_head, n_kv, dk, dv, n_ctx, scale, \
-                                    window);                                                                  \
+                                    window, softcap);                                                         \
     }
 
 ATTENTION(f32, f32)

@@ -30,6 +30,9 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
 }
 #endif
 
+// Soft-capping of attention scores and logits (Gemma 2): s -> cap * tanh(s / cap); cap 0 leaves s.
+__device__ __forceinline__ float soft_capped(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((u32)h << 16); }
 
 // (float)q - bias for 0 <= q < 2^23 in two full-rate instructions (the bias folds into the

@@ -155,11 +155,11 @@ def test_unsupported_architecture_is_named(env, tmp_path):
 
 
 def test_unsupported_tensor_type_is_named(env, tmp_path):
-    raw = np.zeros((64, 2 * 18), np.uint8)  # 64 rows of two IQ4_NL blocks (32 weights in 18 bytes)
-    path = copy_gguf(need(FIXTURES / "tiny-llama-f32.gguf"), tmp_path / "iq4.gguf",
-                     tensors={"blk.0.attn_q.weight": (raw, GGMLQuantizationType.IQ4_NL)})
+    raw = np.zeros((64, 36), np.uint8)  # 64 rows of one NVFP4 block (64 weights in 36 bytes)
+    path = copy_gguf(need(FIXTURES / "tiny-llama-f32.gguf"), tmp_path / "nvfp4.gguf",
+                     tensors={"blk.0.attn_q.weight": (raw, GGMLQuantizationType.NVFP4)})
     assert_one_line_error(llogos(env, "generate", "-m", str(path), "-p", "x"),
-                          "unsupported tensor type IQ4_NL for blk.0.attn_q.weight", "Q4_K")
+                          "unsupported tensor type NVFP4 for blk.0.attn_q.weight", "Q4_K")
 
 
 def test_copied_gguf_still_runs(env, tmp_path):

@@ -81,24 +81,34 @@ def real(request):
     return name, *_both(model_path(name)), open_model(name).tokenizer, reference(name)
 
 
-def test_real_models_quantized_match_f32_path(real):
+def test_real_models_quantized_match_f32_path(real, monkeypatch):
+    """With float32 activations the quantized weights' products are the f32 path's up to rounding;
+    with the integer products (8-bit activations, the default where the CPU has them) every
+    decisive choice of the next token (a lead of 0.5 or more) stays the same."""
     name, f32, quantized, _, ref = real
     for case in ref["generation"][:2]:
         ids = np.asarray(case["prompt_ids"] + case["llamacpp"]["generated_ids"], np.int32)
         a = f32.forward_seq(f32.new_context(256), ids, all_logits=True)
-        b = quantized.forward_seq(quantized.new_context(256), ids, all_logits=True)
-        assert relative_error(b, a) < 1e-3, (name, case["id"])
         top2 = np.sort(a, axis=-1)[:, -2:]
         decisive = top2[:, 1] - top2[:, 0] >= 0.5
+        b = quantized.forward_seq(quantized.new_context(256), ids, all_logits=True)
         assert (a.argmax(-1) == b.argmax(-1))[decisive].all(), (name, case["id"])
         ctx = quantized.new_context(256)   # the decode kernels, one token at a time
         quantized.forward_seq(ctx, ids[:-3])
         steps = np.stack([quantized.forward_seq(ctx, ids[i:i + 1])[0] for i in range(len(ids) - 3, len(ids))])
-        assert relative_error(steps, a[-3:]) < 1e-3, (name, case["id"])
+        assert (a[-3:].argmax(-1) == steps.argmax(-1))[decisive[-3:]].all(), (name, case["id"])
+        with monkeypatch.context() as exact:
+            exact.setattr(quantized.b.quant_matmul, "isa", "float")
+            b = quantized.forward_seq(quantized.new_context(256), ids, all_logits=True)
+            assert relative_error(b, a) < 1e-3, (name, case["id"])
+            ctx = quantized.new_context(256)
+            quantized.forward_seq(ctx, ids[:-3])
+            steps = np.stack([quantized.forward_seq(ctx, ids[i:i + 1])[0] for i in range(len(ids) - 3, len(ids))])
+            assert relative_error(steps, a[-3:]) < 1e-3, (name, case["id"])
 
 
 def test_real_models_perplexity_within_half_a_percent(real):
     name, f32, quantized, tok, _ = real
     text = need(REFERENCE / "ppl.txt").read_text(encoding="utf-8")
-    ppl = [perplexity(m, tok, text, 128, max_chunks=3).ppl for m in (f32, quantized)]
+    ppl = [perplexity(m, tok, text, 128).ppl for m in (f32, quantized)]   # the whole text: 3 chunks alone vary by ~0.3%
     assert abs(ppl[1] / ppl[0] - 1) < 0.005, (name, ppl)

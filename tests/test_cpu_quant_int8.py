@@ -1,11 +1,13 @@
-"""Products with 8-bit activations (cpu_quant_int8): the two-byte quantization of the activations,
-and every plain block type's product on each instruction set this CPU has (AVX2 forced on a VNNI
-machine too), against float64: equal to the weights times the quantized activations up to float32
-rounding, and within the quantization's bound of the float32 product."""
+"""Products with 8-bit activations (cpu_quant_int8): both quantizations of the activations (two
+bytes per 32 for the plain types, llama.cpp's Q8_K for the K types), and every block type's product
+on each instruction set this CPU has (AVX2 forced on a VNNI machine too), against float64: equal to
+the weights times the quantized activations up to float32 rounding, and within the quantization's
+bound of the float64 product of the unquantized ones."""
 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
 from bench.synthetic_gguf import random_rows
@@ -20,13 +22,7 @@ BLOCK = cpu_quant_int8.BLOCK
 ISAS = [isa for isa in ISA_ARG if host_isa() == "vnni" or (host_isa() == "avx2" and isa == "avx2")]
 
 
-def _quantize(x: np.ndarray):
-    n_blocks = x.shape[1] // BLOCK
-    xq = np.empty((x.shape[0], 2 * x.shape[1]), np.int8)
-    dx, sx = np.empty((x.shape[0], n_blocks), np.float32), np.empty((x.shape[0], n_blocks), np.float32)
-    xl = np.empty((x.shape[0], x.shape[1] // cpu_quant_int8.LANE), np.int32)
-    cpu_quant_int8.quantize_blocks(x, xq, dx, sx, xl)
-    return xq, dx, sx, xl
+K_BLOCK = cpu_quant_int8.K_BLOCK
 
 
 def _dequantized(xq, dx) -> np.ndarray:
@@ -35,13 +31,18 @@ def _dequantized(xq, dx) -> np.ndarray:
     return ((blocks[:, :, 0] + blocks[:, :, 1] / 254) * dx[:, :, None]).reshape(xq.shape[0], -1)
 
 
+def _k_dequantized(xq, dx) -> np.ndarray:
+    """What each byte of the Q8_K activations stands for, in float64."""
+    return (xq.reshape(xq.shape[0], -1, K_BLOCK) * dx[:, :, None].astype(np.float64)).reshape(xq.shape[0], -1)
+
+
 def test_activations_are_held_within_a_508th_of_a_step():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3, 8 * BLOCK)).astype(np.float32) * np.float32(4)
     x[1, :BLOCK] = 0                           # an all-zero block
     x[2, 5] = 3000                             # an outlier, as Gemma's activations have
     x[0, BLOCK:2 * BLOCK] = np.float32(1e-30)  # tiny values keep their scale
-    xq, dx, sx, xl = _quantize(x)
+    xq, dx, sx = cpu_quant._quantize8(x, k_type=False)
     assert dx[1, 0] == 0 and (xq[1, :2 * BLOCK] == 0).all() and sx[1, 0] == 0
     back = _dequantized(xq, dx)
     step = np.repeat(dx.astype(np.float64), BLOCK, axis=1)
@@ -49,12 +50,26 @@ def test_activations_are_held_within_a_508th_of_a_step():
     hi = xq.reshape(3, -1, 2, BLOCK)[:, :, 0]
     assert np.abs(hi).max() == 127 and np.abs(xq).max() <= 127
     np.testing.assert_allclose(sx, back.reshape(3, -1, BLOCK).sum(axis=2), rtol=1e-6, atol=1e-30)
-    whole = (254 * xq.reshape(3, -1, 2, BLOCK)[:, :, 0].astype(np.int64) + xq.reshape(3, -1, 2, BLOCK)[:, :, 1])
-    assert (xl == whole.reshape(3, -1, cpu_quant_int8.LANE).sum(axis=2)).all()
+
+
+def test_k_activations_are_llama_cpp_q8_k():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 3 * K_BLOCK)).astype(np.float32)
+    x[1, :K_BLOCK] = 0                          # an all-zero block
+    x[2, 300] = -3000                           # an outlier
+    x[0, K_BLOCK:2 * K_BLOCK] = np.float32(1e-30)
+    xq, dx, xs = cpu_quant._quantize8(x, k_type=True)
+    assert xq.dtype == np.int8 and xs.dtype == np.int16 and dx.shape == (3, 3)
+    assert dx[1, 0] == 0 and (xq[1, :K_BLOCK] == 0).all()
+    np.testing.assert_allclose(dx, np.abs(x).reshape(3, 3, K_BLOCK).max(axis=2) / 127, rtol=1e-6)
+    step = np.repeat(dx.astype(np.float64), K_BLOCK, axis=1)
+    assert (np.abs(_k_dequantized(xq, dx) - x) <= step / 2 * 1.0001).all()
+    assert np.abs(xq).max() == 127 and xq[2, 300] == -127
+    assert (xs == xq.reshape(3, -1, cpu_quant_int8.K_SUM).sum(axis=2)).all()
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("n_tok", [1, cpu_quant.INT8_MAX_TOKENS])
+@pytest.mark.parametrize("n_tok", [1, cpu_quant_int8.TOKENS + 1, cpu_quant.INT8_MAX_TOKENS])
 @pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
 def test_products_are_the_quantized_activations_times_the_weights(qtype, n_tok, isa):
     rng = np.random.default_rng(int(qtype) * 10 + n_tok)
@@ -66,11 +81,27 @@ def test_products_are_the_quantized_activations_times_the_weights(qtype, n_tok, 
     w = gguf_quants.dequantize(raw, qtype).astype(np.float64)
     ours = cpu_quant.QuantMatmul(isa)(x, raw, qtype)
     assert ours.shape == (n_tok, rows) and ours.dtype == np.float32
-    xq, dx, _, _ = _quantize(x)
-    assert relative_error(ours, _dequantized(xq, dx) @ w.T) < 1e-5          # float32 rounding only
-    bound = np.abs(w) @ np.repeat(dx.astype(np.float64), BLOCK, axis=1).T / 508   # (rows, T)
+    k_type = qtype in cpu_quant_int8.K_TYPES
+    xq, dx = cpu_quant._quantize8(x, k_type)[:2]
+    held = _k_dequantized(xq, dx) if k_type else _dequantized(xq, dx)
+    assert relative_error(ours, held @ w.T) < 1e-5          # float32 rounding only
+    per, within = (K_BLOCK, 2) if k_type else (BLOCK, 508)   # how far from x the activations are held
+    bound = np.abs(w) @ np.repeat(dx.astype(np.float64), per, axis=1).T / within   # (rows, T)
     exact = x.astype(np.float64) @ w.T
     assert (np.abs(ours - exact) <= bound.T + 1e-5 * np.abs(exact).max()).all()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.K_TYPES, key=int), ids=lambda t: t.name)
+def test_k_products_are_within_llama_cpp_error_bound(qtype, isa):
+    """test-backend-ops' criterion for these types: normalized mean squared error against the
+    float64 product below 5e-4, on its kind of input (uniform in [-1, 1])."""
+    rng = np.random.default_rng(int(qtype))
+    raw = random_rows(qtype, 64, 4 * K_BLOCK, rng)
+    x = rng.uniform(-1, 1, (4, 4 * K_BLOCK)).astype(np.float32)
+    exact = x.astype(np.float64) @ gguf_quants.dequantize(raw, qtype).astype(np.float64).T
+    ours = cpu_quant.QuantMatmul(isa)(x, raw, qtype)
+    assert ((ours - exact) ** 2).sum() / (exact ** 2).sum() < 5e-4
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -98,3 +129,31 @@ def test_stats_say_which_products_decode(monkeypatch):
         monkeypatch.setenv("LLOGOS_CPU_ISA", isa)
         assert words in load(tiny, "cpu", "quantized", n_ctx=64).memory
     assert "products" not in load(tiny, "cpu", "f32", n_ctx=64).memory
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
+def test_a_token_s_product_does_not_depend_on_the_tokens_beside_it(qtype, isa):
+    """Bit for bit: rows are multiplied with several tokens at once (cpu_quant_int8.TOKENS), and a
+    batched row must come out as it would alone."""
+    rng = np.random.default_rng(int(qtype) + 7)
+    raw = random_rows(qtype, 21, 2 * K_BLOCK, rng)
+    x = rng.standard_normal((2 * cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
+    together = cpu_quant.QuantMatmul(isa)(x, raw, qtype)
+    for t in range(x.shape[0]):
+        assert np.array_equal(cpu_quant.QuantMatmul(isa)(x[t:t + 1].copy(), raw, qtype)[0], together[t])
+
+
+@pytest.mark.parametrize("isa", [*ISAS, "float"])
+def test_products_sharing_an_input_are_each_alone(isa):
+    """q, k and v (gate and up) in one call: matrices of several types, plain and K, each of its
+    own row count, come out bit for bit as they do one at a time."""
+    rng = np.random.default_rng(5)
+    matrices = [(random_rows(qtype, rows, 2 * K_BLOCK, rng), qtype)
+                for qtype, rows in ((T.Q4_0, 37), (T.Q4_K, 20), (T.Q8_0, 5), (T.Q6_K, 33), (T.F16, 3))]
+    for n_tok in (1, cpu_quant_int8.TOKENS + 2):
+        x = rng.standard_normal((n_tok, 2 * K_BLOCK)).astype(np.float32)
+        together = cpu_quant.QuantMatmul(isa).many(x, matrices)
+        for (raw, qtype), out in zip(matrices, together):
+            assert out.shape == (n_tok, raw.shape[0])
+            assert np.array_equal(out, cpu_quant.QuantMatmul(isa)(x, raw, qtype))

@@ -7,7 +7,7 @@ import numba
 import numpy as np
 import pytest
 
-from llogos_cli.backends import cpu_quant_dequant, cpu_quant_dot, cpu_rows
+from llogos_cli.backends import cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
 from llogos_cli.model.forward import Batch
 from llogos_cli.model.loader import load
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
@@ -18,7 +18,7 @@ COMPILING = "compiling CPU kernels"
 def _compiled() -> dict[str, int]:
     """How many specialisations each kernel of the CPU backend holds."""
     kernels = {}
-    for module in (cpu_quant_dot, cpu_quant_dequant, cpu_rows):
+    for module in (cpu_quant_dot, cpu_quant_dequant, cpu_quant_int8, cpu_rows):
         for name, f in vars(module).items():
             if isinstance(f, numba.core.registry.CPUDispatcher):
                 kernels[f"{module.__name__}.{name}"] = len(f.signatures)

@@ -1,6 +1,9 @@
-"""Tiny random-weight models of each family against HF transformers' float32 logits."""
+"""Tiny random-weight models of each family against HF transformers' float32 logits: those of
+../shared/fixtures and those committed in tests/fixtures (made by tests/fixtures/make_fixtures.py;
+their families' own traits are tested in test_model_families.py)."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,14 +13,19 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
 from tests.conftest import FIXTURES, copy_gguf, need, relative_error
 
+COMMITTED = Path(__file__).resolve().parent / "fixtures"
+FAMILIES = ["tiny-gemma2", "tiny-phi3", "tiny-phi3-longrope", "tiny-granite", "tiny-olmo2", "tiny-smollm3", "tiny-lfm2",
+            "tiny-qwen3moe"]
 CASES = [("tiny-llama", "f32"), ("tiny-llama", "q8_0"), ("tiny-qwen2", "f32"), ("tiny-qwen2", "q8_0"),
-         ("tiny-qwen3", "f32"), ("tiny-gemma3", "f32"), ("tiny-gemma3", "q8_0"), ("tiny-qwen35", "f32")]
+         ("tiny-qwen3", "f32"), ("tiny-gemma3", "f32"), ("tiny-gemma3", "q8_0"), ("tiny-qwen35", "f32"),
+         *((name, quant) for name in FAMILIES for quant in ("f32", "q8_0"))]
 
 
-def load(name: str, quant: str) -> tuple[Model, dict]:
-    model = Model(GGUFFile(need(FIXTURES / f"{name}-{quant}.gguf")), NumpyBackend())
+def load(name: str, quant: str = "f32") -> tuple[Model, dict]:
+    folder = COMMITTED if name in FAMILIES else FIXTURES
+    model = Model(GGUFFile(need(folder / f"{name}-{quant}.gguf")), NumpyBackend())
     suffix = "" if quant == "f32" else f"-{quant}"
-    return model, dict(np.load(need(FIXTURES / f"{name}{suffix}.oracle.npz")))
+    return model, dict(np.load(need(folder / f"{name}{suffix}.oracle.npz")))
 
 
 

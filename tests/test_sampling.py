@@ -97,3 +97,12 @@ def test_logprobs_are_the_top_of_the_full_log_softmax():
 def test_bad_values_are_rejected(bad):
     with pytest.raises(LlogosError):
         SamplingParams(**bad)
+
+
+def test_logit_bias_comes_first_and_turns_off_the_plain_greedy_shortcut():
+    logits = np.array([0.1, 3.0, 2.9, -1.0], np.float32)
+    params = SamplingParams(temp=0.0, logit_bias=((1, -100.0), (3, 4.0)))
+    assert not Sampler(params, 100).plain_greedy and Sampler(SamplingParams(temp=0.0), 100).plain_greedy
+    assert draws(params, logits, 3) == [3, 3, 3]
+    with pytest.raises(LlogosError):
+        SamplingParams(logit_bias=((1, math.inf),))

@@ -6,12 +6,14 @@ Every backend implements the same methods on its own array type (NumPy on CPU, C
               load_threads · warm_up()
   batch       batch_layout(slots, pos)
   embedding   embed(table, ids)
-  arithmetic  matmul(x, w) · add(a, b) · mul(a, b) · scale(x, s) · sigmoid(x) · silu(x) · softplus(x)
+  arithmetic  matmul(x, w) · matmuls(x, ws) · add(a, b) · mul(a, b) · scale(x, s) · softcap(x, cap) · sigmoid(x) · silu(x)
+              softplus(x)
   norms       rmsnorm(x, w, eps) · l2norm(x, eps)
-  positions   rope(x, pos, dims, base, freq_scale, neox, factors=None)
+  positions   rope(x, pos, dims, base, freq_scale, neox, factors=None, attn_factor=1)
   attention   kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) · kv_store(cache, k, v, layout)
-              attention(q, cache, layout, scale, window)
+              attention(q, cache, layout, scale, window, softcap=0)
   ffn         glu(gate, up, gelu)
+  experts     route(logits, k) · matmul_experts(x, w, experts, n_expert, weights=None)
   recurrence  zeros(shape) · ssm_conv(x, conv_state, w, layout) · delta_net(q, k, v, g, beta, state, layout)
   sampling    argmax_rows(logits)
 
@@ -26,10 +28,13 @@ forward pass; what it returns is handed to every layer's kv_store, attention, ss
   kv_cache(n_slots, n_ctx, ...)  n_slots independent regions of n_ctx positions each
   kv_store(cache, k, v, layout)  k (T, n_kv, dk), v (T, n_kv, dv): token t is written at
                                  (slots[t], pos[t])
-  attention(q, cache, layout, scale, window)
+  attention(q, cache, layout, scale, window, softcap=0)
                                  q (T, H, dk): token t attends the keys of its own slot at positions
                                  [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: from 0), the
-                                 batch's own keys included. -> (T, H, dv)
+                                 batch's own keys included; scores s = scale q·k become
+                                 softcap * tanh(s / softcap) unless softcap is 0. -> (T, H, dv)
+  matmuls(x, ws)                 [x · wᵀ for w in ws]: the products that share an input (q, k
+                                 and v; gate and up), which a backend may run as one
   argmax_rows(logits)            logits (R, n_vocab) -> host int array (R,): each row's argmax,
                                  taken where the logits are
   decoder(model, cache)          the decode step of R running rows, one token each:
@@ -57,6 +62,10 @@ from llogos_cli.errors import LlogosError
 BACKENDS = ("cpu", "cuda", "auto")
 CACHE_TYPES = ("f32", "f16", "q8_0")
 Q8_0_BLOCK = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][0]
+# Matrices with rows shorter than this are convolution kernels (C, K) that ssm_conv reads whole, never
+# a product: no block type has such rows, and they are too small to matter. Backends hold them
+# decoded to float32.
+MIN_PRODUCT_ROW = 32
 # The weight types the CPU multiplies in their blocks, one token at a time (cpu_quant_dot).
 CPU_DOT_TYPES = frozenset(getattr(GGMLQuantizationType, n) for n in
                           ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"))

@@ -3,12 +3,14 @@
 Two shapes of product, chosen by the number of tokens (measured crossovers, see docs/PERF.md):
 - few tokens (decode, small batches, short prompts): each weight row is decoded in registers and
   dotted with every token's activations while it is in cache, rows shared out over every core.
-  Where the CPU has integer dot products, up to INT8_MAX_TOKENS tokens with 8-bit activations
-  (cpu_quant_int8; `isa`: LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there is);
-  otherwise, or with `float`, up to MATVEC_MAX_TOKENS with float32 activations (cpu_quant_dot);
-- more tokens (batched decode, prefill): tiles of rows are expanded to float32 (cpu_quant_dequant)
-  into one reused buffer and multiplied there, by cpu_rows for 2-64 rows, else by BLAS, so
-  expanding a weight is paid once per tile, not once per token.
+  Where the CPU has integer dot products, 8-bit activations (cpu_quant_int8; `isa`:
+  LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there is): up to INT8_MAX_TOKENS tokens
+  for the plain types, any number for the K types, whose rows are decoded once for every 4 tokens
+  (faster than the float32 tiles below at every size measured); otherwise, or with
+  `float`, up to MATVEC_MAX_TOKENS with float32 activations (cpu_quant_dot);
+- more tokens (batched decode, prefill) of the other types: tiles of rows are expanded to float32
+  (cpu_quant_dequant) into one reused buffer and multiplied there, by cpu_rows for 2-64 rows, else
+  by BLAS, so expanding a weight is paid once per tile, not once per token.
 F16 and BF16 matrices always take the tile path.
 """
 
@@ -24,9 +26,12 @@ from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 4    # float32 activations
-INT8_MAX_TOKENS = 12     # 8-bit activations: SmolLM2 12 tokens 47 ms against 52 from tiles, the 1B 255 against 437+
+INT8_MAX_TOKENS = 12     # 8-bit activations of the plain types: SmolLM2 12 tokens 47 ms against 52 from tiles, the 1B 255 against 437+
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
 INT16_BLOCK = 256              # activations share one scale per this many elements (a K-quant block)
+_NO_ROWS = np.empty((0, 0), np.uint8)   # a matrix of no rows and its product, padding the integer products' tuples
+_NO_ROWS.flags.writeable = False
+_NO_OUT = np.empty((0, 0), np.float32)
 # Stand-ins for the per-token inputs a type's kernel does not read.
 _NO_SUMS = np.empty((MATVEC_MAX_TOKENS, 0), np.float32)
 _NO_INT16 = (np.empty((MATVEC_MAX_TOKENS, 2, 0), np.int16), np.empty((MATVEC_MAX_TOKENS, 2, 0), np.float32))
@@ -49,6 +54,30 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(x.shape[0], 2, -1), scale
 
 
+def _read_only(raw: np.ndarray) -> np.ndarray:
+    """raw as a read-only C-order array (as memory-mapped weights are), without copying it if it is one."""
+    if raw.flags.c_contiguous and not raw.flags.writeable:
+        return raw
+    view = np.ascontiguousarray(raw).view()
+    view.flags.writeable = False
+    return view
+
+
+def _quantize8(x: np.ndarray, k_type: bool) -> tuple:
+    """x's activations as the integer products of a K type or of a plain type take them (cpu_quant_int8)."""
+    n_tok, cols = x.shape
+    if k_type:
+        parts = (np.empty((n_tok, cols), np.int8), np.empty((n_tok, cols // cpu_quant_int8.K_BLOCK), np.float32),
+                 np.empty((n_tok, cols // cpu_quant_int8.K_SUM), np.int16))
+        cpu_quant_int8.quantize_k_blocks(x, *parts)
+    else:
+        n_blocks = cols // cpu_quant_int8.BLOCK
+        parts = (np.empty((n_tok, 2 * cols), np.int8), np.empty((n_tok, n_blocks), np.float32),
+                 np.empty((n_tok, n_blocks), np.float32))
+        cpu_quant_int8.quantize_blocks(x, *parts)
+    return parts
+
+
 ISA_NAMES = {"vnni": "AVX-512 VNNI integer", "avx2": "AVX2 integer", "float": "float32"}
 
 
@@ -67,35 +96,55 @@ def choose_isa(asked: str | None) -> str:
 
 class QuantMatmul:
     """x (T, in) float32 · W (out, in)ᵀ for W given as raw GGUF rows; holds the reused tile buffer
-    and the last activations quantized to 8 bits (q, k and v, gate and up share their input)."""
+    and the last activations quantized to 8 bits, in each form asked of them (q, k and v, gate and
+    up share their input)."""
 
     def __init__(self, isa: str | None = None):
         self._tile = np.empty(0, np.float32)
         self.isa = choose_isa(isa if isa is not None else os.environ.get("LLOGOS_CPU_ISA"))
         self._quantized_of: np.ndarray | None = None
         self._quantized = None
+        self._plans: dict[tuple, tuple] = {}   # _plan's, by the identities of their matrices
 
-    def warm_up(self) -> None:
-        """Call each kernel once, as products call them (weights read-only, as memory-mapped
-        from the file), so that compiling or loading them from numba's cache is done here."""
-        raw = np.zeros((1, 34), np.uint8)
-        raw.flags.writeable = False
-        self._matvec(np.zeros((1, 32), np.float32), raw, T.Q8_0)
+    def warm_up(self, qtypes: set) -> None:
+        """Call each kernel that products of matrices of these types take once, as products call
+        them (weights read-only, as memory-mapped from the file), so that compiling or loading them
+        from numba's cache is done here, and only theirs."""
+        plain, k_block = _read_only(np.zeros((1, 34), np.uint8)), _read_only(np.zeros((1, 144), np.uint8))
         if self.isa in ISA_ARG:
-            self._matvec8(np.zeros((1, 32), np.float32), raw, T.Q8_0)
-        self._tiled(np.zeros((MATVEC_MAX_TOKENS + 1, 32), np.float32), raw, T.Q8_0, 1, 32)
-        cpu_rows.warm_up()
+            if qtypes & cpu_quant_int8.PLAIN_TYPES:
+                self.many(np.zeros((1, 32), np.float32), [(plain, T.Q8_0)])
+            if qtypes & cpu_quant_int8.K_TYPES:
+                self.many(np.zeros((1, 256), np.float32), [(k_block, T.Q4_K)])
+        elif qtypes & CPU_DOT_TYPES:
+            self._matvec(np.zeros((1, 32), np.float32), plain, T.Q8_0)
+        if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.K_TYPES:   # prompts of other than K types
+            self._tiled(np.zeros((MATVEC_MAX_TOKENS + 1, 32), np.float32), plain, T.Q8_0, 1, 32)
+            cpu_rows.warm_up()
 
     def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
-        rows, cols = raw.shape[0], quants.row_elements(raw, qtype)
-        assert x.shape[1] == cols, f"x has {x.shape[1]} features, the matrix {cols}"
+        return self.many(x, [(raw, qtype)])[0]
+
+    def many(self, x: np.ndarray, matrices: list[tuple[np.ndarray, T]]) -> list[np.ndarray]:
+        """x times each (raw, qtype) matrix of the list, which share it as their input (q, k and v;
+        gate and up): those of the integer products in one call for each form of activations."""
         x = np.ascontiguousarray(x, np.float32)
-        int8 = self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES
-        if int8 and x.shape[0] <= INT8_MAX_TOKENS:
-            return self._matvec8(x, raw, qtype)
-        if not int8 and x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
-            return self._matvec(x, raw, qtype)
-        return self._tiled(x, raw, qtype, rows, cols)
+        outs: list = [None] * len(matrices)
+        int8: dict[bool, list[int]] = {}   # K type or not -> the matrices
+        for i, (raw, qtype) in enumerate(matrices):
+            rows, cols = raw.shape[0], quants.row_elements(raw, qtype)
+            assert x.shape[1] == cols, f"x has {x.shape[1]} features, the matrix {cols}"
+            k_type = qtype in cpu_quant_int8.K_TYPES
+            if self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES and (x.shape[0] <= INT8_MAX_TOKENS or k_type):
+                int8.setdefault(k_type, []).append(i)
+            elif x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
+                outs[i] = self._matvec(x, raw, qtype)
+            else:
+                outs[i] = self._tiled(x, raw, qtype, rows, cols)
+        for k_type, chosen in int8.items():
+            for i, out in zip(chosen, self._matvec8(x, [matrices[i] for i in chosen], k_type)):
+                outs[i] = out
+        return outs
 
     @staticmethod
     def _matvec(x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
@@ -109,21 +158,40 @@ class QuantMatmul:
             restore_chunks(before)
         return out
 
-    def _matvec8(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
+    def _matvec8(self, x: np.ndarray, matrices: list[tuple[np.ndarray, T]], k_type: bool) -> list[np.ndarray]:
         if x is not self._quantized_of:
-            n_tok, cols = x.shape
-            n_blocks = cols // cpu_quant_int8.BLOCK
-            self._quantized = (np.empty((n_tok, 2 * cols), np.int8), np.empty((n_tok, n_blocks), np.float32),
-                               np.empty((n_tok, n_blocks), np.float32), np.empty((n_tok, cols // cpu_quant_int8.LANE), np.int32))
-            cpu_quant_int8.quantize_blocks(x, *self._quantized)
+            self._quantized = {}
             self._quantized_of = x   # held, so that no other array can take its identity meanwhile
-        out = np.empty((x.shape[0], raw.shape[0]), np.float32)
-        before = share_out(-(-raw.shape[0] // cpu_quant_int8.CHUNK))
+        if k_type not in self._quantized:
+            self._quantized[k_type] = _quantize8(x, k_type)
+        raws, codes, firsts = self._plan(matrices)
+        outs = tuple(np.empty((x.shape[0], raw.shape[0]), np.float32) for raw, _ in matrices)
+        outs += (_NO_OUT,) * (len(raws) - len(outs))
+        before = share_out(int(firsts[-1]))
         try:
-            cpu_quant_int8.matvec8(raw, int(qtype), *self._quantized, out, ISA_ARG[self.isa])
+            if k_type:
+                cpu_quant_int8.matvec8_k(raws, codes, firsts, *self._quantized[k_type], outs)
+            else:
+                cpu_quant_int8.matvec8(raws, codes, firsts, *self._quantized[k_type], outs, ISA_ARG[self.isa])
         finally:
             restore_chunks(before)
-        return out
+        return list(outs[:len(matrices)])
+
+    def _plan(self, matrices: list[tuple[np.ndarray, T]]) -> tuple:
+        """The integer kernels' arguments for these matrices, made once per list of them: the raw
+        rows as MATRICES arrays of one numba type (as a tuple indexed at run time needs; padded
+        with matrices of no rows), their type codes, and where each one's chunks of rows start."""
+        key = tuple(id(raw) for raw, _ in matrices)
+        plan = self._plans.get(key)
+        if plan is None:   # the plan holds the arrays, so no other array can take their identities
+            pad = cpu_quant_int8.MATRICES - len(matrices)
+            assert pad >= 0, f"at most {cpu_quant_int8.MATRICES} products in one call"
+            raws = tuple(_read_only(raw) for raw, _ in matrices) + (_NO_ROWS,) * pad
+            codes = np.array([int(qtype) for _, qtype in matrices] + [0] * pad, np.int64)
+            firsts = np.zeros(len(raws) + 1, np.int64)
+            firsts[1:] = np.cumsum([-(-raw.shape[0] // cpu_quant_int8.CHUNK) for raw in raws])
+            plan = self._plans[key] = (raws, codes, firsts)
+        return plan
 
     def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
         step = max(1, TILE_ELEMENTS // cols)

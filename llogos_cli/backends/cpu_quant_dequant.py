@@ -1,9 +1,9 @@
 """GGUF block rows -> float32, compiled: the tiles that many-token products hand to BLAS.
 
-The same layouts as llogos_cli/gguf/quants.py (the NumPy reference), compiled: the K types written
-per element, the plain types as vectors (cpu_simd.plain_row_expand), far faster than the NumPy
-dequantizers. Offsets:
-`o` a block's first byte, `e` its first element.
+The same layouts as llogos_cli/gguf/quants.py (the NumPy reference), compiled: the K, IQ4 and
+MXFP4 types written per element, the plain types as vectors (cpu_simd.plain_row_expand), far faster
+than the NumPy dequantizers; every value exactly gguf-py's. Offsets: `o` a block's first byte, `e`
+its first element.
 """
 
 import numpy as np
@@ -11,6 +11,9 @@ from gguf import GGMLQuantizationType as T
 
 from llogos_cli.backends.cpu_jit import F16, f16_at, k_scales_mins, kernel
 from llogos_cli.backends.cpu_simd import plain_row_expand
+from llogos_cli.gguf.quants import IQ4_NL_VALUES, MXFP4_VALUES, e8m0_half
+
+E8M0_HALF = e8m0_half(np.arange(256, dtype=np.uint8))   # MXFP4's block multiplier by scale byte
 
 
 # The plain types (cpu_simd): a block's 32 weights unpacked and scaled as one vector.
@@ -69,6 +72,77 @@ def _q6_k(row, out):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 256
 
 
 @kernel
+def _q2_k(row, out):  # scales:u8[16] (low nibble scale, high nibble min), qs:u8[64], d:f16, dmin:f16 per 256
+    for b in range(row.shape[0] // 84):
+        o = 84 * b
+        d, dmin = f16_at(row, o + 80), f16_at(row, o + 82)
+        for h in range(2):   # byte l of the half's 32 holds elements 32k + l in bits 2k
+            for k in range(4):
+                for half in range(2):   # one scale and min per 16 elements
+                    sc = row[o + 8 * h + 2 * k + half]
+                    a, c = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
+                    q, e = o + 16 + 32 * h + 16 * half, 256 * b + 128 * h + 32 * k + 16 * half
+                    for l in range(16):
+                        out[e + l] = a * np.float32((row[q + l] >> (2 * k)) & 3) - c
+
+
+@kernel
+def _q3_k(row, out, sc):  # hmask:u8[32], qs:u8[64], scales:u8[12], d:f16 per 256
+    for b in range(row.shape[0] // 110):
+        o = 110 * b
+        d = f16_at(row, o + 108)
+        for j in range(16):   # six-bit scales biased by 32: low 4 bits in byte j % 8, top 2 in 8 + j % 4
+            low = (row[o + 96 + j % 8] >> (4 * (j // 8))) & 15
+            high = (row[o + 104 + j % 4] >> (2 * (j // 4))) & 3
+            sc[j] = d * (np.float32(low | (high << 4)) - np.float32(32))
+        for m in range(8):   # as Q2_K's two bits, and bit m of hmask[l] for element 32m + l: clear is -4
+            for half in range(2):   # one scale per 16 elements
+                a, shift = sc[2 * m + half], 2 * (m % 4)
+                q, hm, e = o + 32 + 32 * (m // 4) + 16 * half, o + 16 * half, 256 * b + 32 * m + 16 * half
+                for l in range(16):
+                    low, third = (row[q + l] >> shift) & 3, (row[hm + l] >> m) & 1
+                    out[e + l] = a * np.float32(np.int32(low | (third << 2)) - 4)
+
+
+@kernel
+def _iq4_nl(row, out):  # d:f16, qs:u8[16] (low nibbles elements 0-15, high 16-31), levels IQ4_NL_VALUES
+    for b in range(row.shape[0] // 18):
+        o, e = 18 * b, 32 * b
+        d = f16_at(row, o)
+        for l in range(16):
+            v = row[o + 2 + l]
+            out[e + l] = d * IQ4_NL_VALUES[v & 15]
+            out[e + 16 + l] = d * IQ4_NL_VALUES[v >> 4]
+
+
+@kernel
+def _iq4_xs(row, out):  # d:f16, scales_h:u16, scales_l:u8[4], qs:u8[128] per 256: 8 sub-blocks of 32
+    for b in range(row.shape[0] // 136):
+        o = 136 * b
+        d = f16_at(row, o)
+        high = np.int32(row[o + 2]) | (np.int32(row[o + 3]) << 8)
+        for j in range(8):   # sub-block j: scale bits 4*(j%2) of scales_l[j / 2] and 2j of scales_h, biased by 32
+            low = (row[o + 4 + j // 2] >> (4 * (j % 2))) & 15
+            a = d * (np.float32(np.int32(low) | (((high >> (2 * j)) & 3) << 4)) - np.float32(32))
+            q, e = o + 8 + 16 * j, 256 * b + 32 * j
+            for l in range(16):
+                v = row[q + l]
+                out[e + l] = a * IQ4_NL_VALUES[v & 15]
+                out[e + 16 + l] = a * IQ4_NL_VALUES[v >> 4]
+
+
+@kernel
+def _mxfp4(row, out):  # e:E8M0, qs:u8[16] (nibbles as IQ4_NL), values MXFP4_VALUES
+    for b in range(row.shape[0] // 17):
+        o, e = 17 * b, 32 * b
+        d = E8M0_HALF[row[o]]
+        for l in range(16):
+            v = row[o + 1 + l]
+            out[e + l] = d * MXFP4_VALUES[v & 15]
+            out[e + 16 + l] = d * MXFP4_VALUES[v >> 4]
+
+
+@kernel
 def _f16(row, out):
     for i in range(out.shape[0]):
         out[i] = F16[np.int64(row[2 * i]) | (np.int64(row[2 * i + 1]) << 8)]
@@ -82,8 +156,10 @@ def _bf16(row, out):   # the top half of a float32
 
 
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
-_Q4_K, _Q5_K, _Q6_K, _F16 = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K), int(T.F16)
-TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16})
+_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
+_IQ4_NL, _IQ4_XS, _MXFP4, _F16, _BF16 = int(T.IQ4_NL), int(T.IQ4_XS), int(T.MXFP4), int(T.F16), int(T.BF16)
+TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+                   T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.F16, T.BF16})
 
 
 @kernel
@@ -104,10 +180,22 @@ def _row(row, code, out, sc, mn):
         _q5_k(row, out, sc, mn)
     elif code == _Q6_K:
         _q6_k(row, out)
+    elif code == _Q2_K:
+        _q2_k(row, out)
+    elif code == _Q3_K:
+        _q3_k(row, out, sc)
+    elif code == _IQ4_NL:
+        _iq4_nl(row, out)
+    elif code == _IQ4_XS:
+        _iq4_xs(row, out)
+    elif code == _MXFP4:
+        _mxfp4(row, out)
     elif code == _F16:
         _f16(row, out)
-    else:
+    elif code == _BF16:
         _bf16(row, out)
+    else:
+        raise ValueError("no dequantizer for this GGML type")
 
 
 @kernel
@@ -115,6 +203,6 @@ def dequantize_rows(raw, code, out):
     """out (rows, cols) float32 = the rows of raw (rows, bytes per row) of GGML type `code`.
     On one thread: BLAS, which takes the tile next, has the others, and numba's OpenMP threads
     spinning beside OpenBLAS's made a 128-token product 15x slower on two cores."""
-    sc, mn = np.empty(8, np.float32), np.empty(8, np.float32)   # a K block's scales and mins
+    sc, mn = np.empty(16, np.float32), np.empty(8, np.float32)   # a K block's scales (Q3_K's 16) and mins
     for r in range(raw.shape[0]):
         _row(raw[r], code, out[r], sc, mn)

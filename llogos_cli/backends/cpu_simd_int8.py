@@ -14,6 +14,12 @@ and the integer sum Σ u_l · xq_l of unsigned bytes by signed bytes is one inst
   int32). 4- and 5-bit quants stay far from the int16 limit (2 · 31 · 127); Q8_0 could reach it,
   so there the bytes become |q| times xq with q's sign (`vpsignb`), bias 0.
 The 8 int32 lanes are converted and multiplied by d · dx into a float vector summed once per row.
+(Each xq byte is in fact two, xhi and xlo, see cpu_quant_int8: the instructions run twice.)
+
+The K types (k_row_dot8) take one scale per 256 activations (llama.cpp's Q8_K), so a block's
+sub-blocks add up in integers: `vpmaddubsw` (quants by activations, byte pairs into int16), then
+`vpmaddwd` by the sub-block's integer scale (into int32, fused with the add into `vpdpwssd` where
+VNNI has it), and one conversion a block. Both instruction sets run the same code there.
 
 The instruction set is a compile-time choice: the kernels take `isa` as a NumPy scalar whose type
 names it (ISA_ARG), so that each set is its own specialisation in numba's cache and a test can
@@ -37,7 +43,6 @@ from llogos_cli.backends.cpu_simd import (
     at,
     broadcast,
     const,
-    each_block,
     f16_at,
     fsum,
     load,
@@ -45,6 +50,10 @@ from llogos_cli.backends.cpu_simd import (
     vec,
 )
 
+# A float operation's flag that permits no reordering or fusing: numba's fastmath pass marks every
+# float operation that has no flag `fast`, which would let LLVM regroup a sum differently in kernels
+# of one token and of several, and a batched row then differ from the same row alone.
+ORDERED = ("contract",)
 ISA_ARG = {"vnni": np.int8(0), "avx2": np.int16(0)}   # the type of the scalar is what counts
 _ISA_OF_TYPE = {types.int8: "vnni", types.int16: "avx2"}
 
@@ -93,14 +102,16 @@ def _scalar(context, builder, array_t, array, index, elem: ir.Type):
     return builder.extract_element(load(context, builder, array_t, array, index, elem, 1), ir.Constant(I32, 0))
 
 
-def plain_row_dot8(name: str):
-    """An intrinsic dot(row, xq, dx, sx, isa) -> float32: Σ over the row's `name` blocks of the
-    weights times the 8-bit activations (xq int8, dx and sx float32 per 32), in `isa`'s integer
-    instructions."""
+def plain_row_dot8(name: str, n_tok: int):
+    """An intrinsic dot(row, xq, dx, sx, t, isa) -> n_tok float32 sums: the row's `name` blocks
+    times tokens t .. t + n_tok - 1 of the two-byte activations (C-order 2-D arrays, or one token's
+    rows with t = 0: xq int8, dx and sx float32 per 32), in `isa`'s integer instructions, each block's quants unpacked once for
+    all the tokens. Its float steps run in a fixed order, so that a token's sum is the same
+    whichever tokens it is multiplied with (batched rows equal to each alone)."""
     size, d_at, m_at, _, _, stored_bias = PLAIN[name]
 
     @intrinsic
-    def dot(typingctx, row, xq, dx, sx, isa):
+    def dot(typingctx, row, xq, dx, sx, t, isa):
         if isa not in _ISA_OF_TYPE:
             return None
         chosen = _ISA_OF_TYPE[isa]
@@ -108,29 +119,40 @@ def plain_row_dot8(name: str):
         bias = 128 if name == "q8_0" and chosen == "vnni" else stored_bias
 
         def codegen(context, builder, sig, args):
-            row_t, xq_t, dx_t, sx_t, _ = sig.args
-            row, xq, dx, sx, _ = args
-            acc = cgutils.alloca_once_value(builder, const(F32, 8, 0.0))
-            offsets = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
-            with each_block(context, builder, row_t, row, size) as (o, e):
-                k = builder.udiv(e, ir.Constant(I64, 32))
-                isum = _int_dot(builder, chosen, name, plain_quants(context, builder, row_t, row, o, name),
-                                load(context, builder, xq_t, xq, builder.add(e, e), I8, 32),
-                                load(context, builder, xq_t, xq, at(builder, builder.add(e, e), 32), I8, 32))
+            row_t, xq_t, dx_t, sx_t, _, _ = sig.args
+            row, xq, dx, sx, t, _ = args
+            n_scales = builder.extract_value(context.make_array(dx_t)(context, builder, dx).shape, dx_t.ndim - 1)
+            # each token's first scale: its block k's scales at + k, its quants at 64 · (+ k)
+            firsts = [builder.mul(builder.add(t, ir.Constant(I64, i)), n_scales) for i in range(n_tok)]
+            accs = [cgutils.alloca_once_value(builder, const(F32, 8, 0.0)) for _ in range(n_tok)]
+            offsets = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(n_tok)]
+            n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
+                                    ir.Constant(I64, size))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                k, o = loop.index, builder.mul(loop.index, ir.Constant(I64, size))
+                quants = plain_quants(context, builder, row_t, row, o, name)
                 d = f16_at(context, builder, row_t, row, at(builder, o, d_at))
-                dxk, sxk = _scalar(context, builder, dx_t, dx, k, F32), _scalar(context, builder, sx_t, sx, k, F32)
-                step = builder.fmul(d, builder.fmul(dxk, ir.Constant(F32, 1 / 254)))   # a unit of xlo
-                scale = broadcast(builder, step, 8)
-                total = builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(isum, vec(F32, 8)), scale, flags=["fast"]),
-                                     flags=["fast"])
-                builder.store(total, acc)
                 # the offset of every weight from d · u: m (if any) less bias · d
-                offset = builder.fmul(ir.Constant(F32, -float(bias)), d)
+                offset = builder.fmul(ir.Constant(F32, -float(bias)), d, flags=ORDERED) if bias else None
                 if m_at is not None:
-                    offset = builder.fadd(offset, f16_at(context, builder, row_t, row, at(builder, o, m_at)))
-                builder.store(builder.fadd(builder.load(offsets), builder.fmul(offset, sxk)), offsets)
-            return builder.fadd(fsum(builder, builder.load(acc)), builder.load(offsets))
-        return types.float32(row, xq, dx, sx, isa), codegen
+                    m = f16_at(context, builder, row_t, row, at(builder, o, m_at))
+                    offset = m if offset is None else builder.fadd(offset, m, flags=ORDERED)
+                for first, acc, offsets_t in zip(firsts, accs, offsets):
+                    scale_at = builder.add(first, k)
+                    x_at = builder.mul(scale_at, ir.Constant(I64, 64))
+                    isum = _int_dot(builder, chosen, name, quants, load(context, builder, xq_t, xq, x_at, I8, 32),
+                                    load(context, builder, xq_t, xq, at(builder, x_at, 32), I8, 32))
+                    dxk = _scalar(context, builder, dx_t, dx, scale_at, F32)
+                    sxk = _scalar(context, builder, sx_t, sx, scale_at, F32)
+                    step = builder.fmul(d, builder.fmul(dxk, ir.Constant(F32, 1 / 254), flags=ORDERED), flags=ORDERED)
+                    product = builder.fmul(builder.sitofp(isum, vec(F32, 8)), broadcast(builder, step, 8), flags=ORDERED)
+                    builder.store(builder.fadd(builder.load(acc), product, flags=ORDERED), acc)
+                    if offset is not None:   # else every weight is d · u
+                        builder.store(builder.fadd(builder.load(offsets_t), builder.fmul(offset, sxk, flags=ORDERED),
+                                                   flags=ORDERED), offsets_t)
+            sums = [builder.fadd(fsum(builder, builder.load(a)), builder.load(s), flags=ORDERED) for a, s in zip(accs, offsets)]
+            return context.make_tuple(builder, sig.return_type, sums)
+        return types.UniTuple(types.float32, n_tok)(row, xq, dx, sx, t, isa), codegen
     return dot
 
 
@@ -173,7 +195,7 @@ def _pick(builder, v, lanes: list[int]):
 
 
 def _k_scales_mins(context, builder, row_t, row, o):
-    """A Q4_K/Q5_K block's eight six-bit scales and mins (12 bytes at o + 4) as <8 x float> each:
+    """A Q4_K/Q5_K block's eight six-bit scales and mins (12 bytes at o + 4) as <8 x i16> each:
     j < 4 from the low six bits of bytes j and j + 4, j >= 4 from the nibbles of byte j + 4 and
     the top two bits of bytes j - 4 and j."""
     b = load(context, builder, row_t, row, at(builder, o, 4), I8, 16)   # past the 12 bytes: the block goes on
@@ -184,60 +206,74 @@ def _k_scales_mins(context, builder, row_t, row, o):
                                     ir.Constant(vec(I32, 8), list(range(8))))
     mins = builder.shuffle_vector(builder.and_(second, six), builder.or_(builder.lshr(third, four), tops[1]),
                                   ir.Constant(vec(I32, 8), list(range(8))))
-    return builder.uitofp(scales, vec(F32, 8)), builder.uitofp(mins, vec(F32, 8))
+    return builder.zext(scales, vec(I16, 8)), builder.zext(mins, vec(I16, 8))
 
 
-def k_row_dot8(name: str):
-    """An intrinsic dot(row, xq, dx, sx, xl, isa) -> float32 for the K type `name` (q4_k, q5_k,
-    q6_k) times the 8-bit activations, the sub-blocks' scales decoded in vector registers a block at
-    a time. Q4_K and Q5_K: d · sc per 32, and the mins' -dmin · m taken against sx; Q6_K: d · sc per
-    16, the quants' bias of 32 taken against xl, the activations' integer sums (254 · xhi + xlo)
-    over each 4 elements, which are the lanes of _int_dot's result."""
+def _scaled_pair_sums(builder, q, x, scales):
+    """<8 x i32>: Σ u · x over each 4 bytes of the unsigned quants q and signed activations x
+    (<32 x i8>), the products of bytes 2i and 2i + 1 times scales[i] (<16 x i16>). No sum
+    saturates: |u · x| <= 63 · 127, so a pair is within 16002 of zero."""
+    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), q, x)
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), pairs, scales)
+
+
+def k_row_dot8(name: str, n_tok: int):
+    """An intrinsic dot(row, xq, dx, xs, t) -> n_tok float32 sums: the K type `name` (q4_k, q5_k,
+    q6_k) row times tokens t .. t + n_tok - 1 of activations quantized as llama.cpp's Q8_K, C-order
+    2-D arrays (or one token's rows with t = 0): per 256 elements one scale dx and int8 quants xq, with xs the sums of xq over each
+    16 (cpu_quant_int8.quantize_k_blocks). Each block's quants and scales are decoded once for all
+    the tokens. A block's products are summed in integers, each sub-block's times its integer
+    scale; its mins (Q4_K, Q5_K) or its quants' bias of 32 (Q6_K) are taken against xs; the block
+    then adds d · dx times its sum into one float vector per token, summed once per row. Both
+    instruction sets run this code: AVX2 has every instruction it needs. Its float steps run in a
+    fixed order, as plain_row_dot8's do."""
     size = _K_BYTES[name]
 
     @intrinsic
-    def dot(typingctx, row, xq, dx, sx, xl, isa):
-        if isa not in _ISA_OF_TYPE:
-            return None
-        chosen = _ISA_OF_TYPE[isa]
-
+    def dot(typingctx, row, xq, dx, xs, t):
         def codegen(context, builder, sig, args):
-            row_t, xq_t, dx_t, sx_t, xl_t, _ = sig.args
-            row, xq, dx, sx, xl, _ = args
-            acc = cgutils.alloca_once_value(builder, const(F32, 8, 0.0))
-            min_acc = cgutils.alloca_once_value(builder, const(F32, 8, 0.0))
+            row_t, xq_t, dx_t, xs_t, _ = sig.args
+            row, xq, dx, xs, t = args
+            cols = builder.extract_value(context.make_array(xq_t)(context, builder, xq).shape, xq_t.ndim - 1)
             n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
                                     ir.Constant(I64, size))
+            tokens = [builder.add(t, ir.Constant(I64, i)) for i in range(n_tok)]
+            accs = [cgutils.alloca_once_value(builder, const(F32, 8, 0.0)) for _ in range(n_tok)]
             with cgutils.for_range(builder, n_blocks) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, size))
-                s0 = builder.mul(loop.index, ir.Constant(I64, 8))   # the block's first sub-block of 32
-                units = builder.fmul(load(context, builder, dx_t, dx, s0, F32, 8), const(F32, 8, 1 / 254))
                 if name == "q6_k":
+                    scales = builder.sext(load(context, builder, row_t, row, at(builder, o, 192), I8, 16), vec(I16, 16))
                     d = f16_at(context, builder, row_t, row, at(builder, o, 208))
-                    per16 = builder.fmul(builder.sitofp(load(context, builder, row_t, row, at(builder, o, 192), I8, 16),
-                                                        vec(F32, 16)), broadcast(builder, d, 16))
                 else:
                     scales, mins = _k_scales_mins(context, builder, row_t, row, o)
-                    steps = builder.fmul(builder.fmul(scales, broadcast(builder, f16_at(context, builder, row_t, row, o), 8)),
-                                         units)
+                    d = f16_at(context, builder, row_t, row, o)
                     dmin = f16_at(context, builder, row_t, row, at(builder, o, 2))
-                    offsets = builder.fmul(builder.fmul(mins, broadcast(builder, dmin, 8)),
-                                           load(context, builder, sx_t, sx, s0, F32, 8))
-                    builder.store(builder.fsub(builder.load(min_acc), offsets), min_acc)
-                total = builder.load(acc)
-                for j, q in enumerate(_k_quants(context, builder, row_t, row, o, name)):
-                    x_at = builder.mul(builder.add(s0, ir.Constant(I64, j)), ir.Constant(I64, 64))
-                    isum = _int_dot(builder, chosen, name, q, load(context, builder, xq_t, xq, x_at, I8, 32),
-                                    load(context, builder, xq_t, xq, at(builder, x_at, 32), I8, 32))
-                    if name == "q6_k":   # quants less their bias of 32; a scale for each half of the 32
-                        lanes = load(context, builder, xl_t, xl, builder.mul(at(builder, s0, j), ir.Constant(I64, 8)), I32, 8)
-                        isum = builder.sub(isum, builder.shl(lanes, const(I32, 8, 5)))
-                        scale = builder.fmul(_pick(builder, per16, [2 * j] * 4 + [2 * j + 1] * 4), _pick(builder, units, [j] * 8))
+                    mins = _pick(builder, mins, [j // 2 for j in range(16)])
+                quants = _k_quants(context, builder, row_t, row, o, name)
+                # Q6_K: a scale per 16 (pairs 0-7 the first, 8-15 the next); else one per 32
+                per_sub = [_pick(builder, scales, [2 * j] * 8 + [2 * j + 1] * 8 if name == "q6_k" else [j] * 16)
+                           for j in range(8)]
+                for token, acc in zip(tokens, accs):
+                    block = builder.add(builder.mul(token, builder.udiv(cols, ir.Constant(I64, 256))), loop.index)
+                    e = builder.add(builder.mul(token, cols), builder.mul(loop.index, ir.Constant(I64, 256)))
+                    sums = load(context, builder, xs_t, xs, builder.mul(block, ir.Constant(I64, 16)), I16, 16)
+                    dxb = _scalar(context, builder, dx_t, dx, block, F32)
+                    if name == "q6_k":   # the quants' bias: 32 · Σ_k scale_k · (the activations' sum over 16 k)
+                        isum = builder.neg(builder.shl(_call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), scales, sums),
+                                                       const(I32, 8, 5)))
                     else:
-                        scale = _pick(builder, steps, [j] * 8)
-                    total = builder.fadd(total, builder.fmul(builder.sitofp(isum, vec(F32, 8)), scale, flags=["fast"]),
-                                         flags=["fast"])
-                builder.store(total, acc)
-            return fsum(builder, builder.fadd(builder.load(acc), builder.load(min_acc), flags=["fast"]))
-        return types.float32(row, xq, dx, sx, xl, isa), codegen
+                        isum = const(I32, 8, 0)
+                    for j, q in enumerate(quants):
+                        x = load(context, builder, xq_t, xq, at(builder, e, 32 * j), I8, 32)
+                        isum = builder.add(isum, _scaled_pair_sums(builder, q, x, per_sub[j]))
+                    total = builder.fmul(builder.sitofp(isum, vec(F32, 8)),
+                                         broadcast(builder, builder.fmul(d, dxb, flags=ORDERED), 8), flags=ORDERED)
+                    if name != "q6_k":
+                        by_min = _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), mins, sums)
+                        by_min = builder.fmul(builder.sitofp(by_min, vec(F32, 8)),
+                                              broadcast(builder, builder.fmul(dmin, dxb, flags=ORDERED), 8), flags=ORDERED)
+                        total = builder.fsub(total, by_min, flags=ORDERED)
+                    builder.store(builder.fadd(builder.load(acc), total, flags=ORDERED), acc)
+            return context.make_tuple(builder, sig.return_type, [fsum(builder, builder.load(a)) for a in accs])
+        return types.UniTuple(types.float32, n_tok)(row, xq, dx, xs, t), codegen
     return dot

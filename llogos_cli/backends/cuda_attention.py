@@ -74,8 +74,9 @@ def kv_store(k, cache: KVCache, keys, values, layout: Layout) -> None:
             (x, store, layout.slots, layout.pos, np.int32(n_tok), np.int32(n_kv), np.int32(d), np.int32(n_ctx)))
 
 
-def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int):
-    """Each query of q (T, H, dk) over its own slot's cached keys up to its position; -> (T, H, dv)."""
+def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0):
+    """Each query of q (T, H, dk) over its own slot's cached keys up to its position, scores
+    soft-capped by softcap unless 0; -> (T, H, dv)."""
     check(q, np.float32, "q")
     n_tok, n_head, dk = q.shape
     assert dk == cache.dk and n_head % cache.k.shape[1] == 0
@@ -83,9 +84,9 @@ def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int):
     for t0, t1, slot in _spans(layout.runs):
         s = slice(t0, t1)
         if slot is None:
-            _fused(k, q[s], cache, layout.slots[s], layout.pos[s], scale, window, out[s])
+            _fused(k, q[s], cache, layout.slots[s], layout.pos[s], scale, window, softcap, out[s])
         else:
-            out[s] = _gemm(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window)
+            out[s] = _gemm(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window, softcap)
     return out
 
 
@@ -103,7 +104,7 @@ def _spans(runs) -> list[tuple[int, int, int | None]]:
     return spans
 
 
-def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, out) -> None:
+def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap: float, out) -> None:
     check(slots, np.int32, "slots")
     check(pos, np.int32, "pos")
     check(cache.k, np.uint8, "key cache")
@@ -114,10 +115,10 @@ def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, out) -> 
     k.function("attention", f"attention_{cache.type_k}_{cache.type_v}")(
         (n_head, n_tok), (ATTENTION_WARPS * 32,),
         (q, cache.k, cache.v, out, slots, pos, np.int32(n_head), np.int32(n_kv), np.int32(dk),
-         np.int32(cache.dv), np.int32(n_ctx), np.float32(scale), np.int32(window)))
+         np.int32(cache.dv), np.int32(n_ctx), np.float32(scale), np.int32(window), np.float32(softcap)))
 
 
-def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int):
+def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int, softcap: float):
     """One run of q (T, H, dk) at positions pos0.. of `slot`; -> (T, H, dv)."""
     xp = k.xp
     n_tok, n_head, dk = q.shape
@@ -137,7 +138,7 @@ def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int)
         scores = xp.matmul(qc, keys.transpose(0, 2, 1))                       # (kv, g*t, n)
         # Query t sees the keys before pos0 + t + 1, counted from `start`.
         lengths = np.tile(np.arange(pos0 + t0 + 1 - start, pos0 + t1 + 1 - start, dtype=np.int32), n_kv * group)
-        probs = cuda_ops.softmax_lengths(k, scores, xp.asarray(lengths), window, scale)
+        probs = cuda_ops.softmax_lengths(k, scores, xp.asarray(lengths), window, scale, softcap)
         o = xp.matmul(probs, values)                                           # (kv, g*t, dv)
         out[t0:t1] = o.reshape(n_kv, group, t1 - t0, cache.dv).transpose(2, 0, 1, 3).reshape(t1 - t0, n_head, -1)
     return out

@@ -14,7 +14,7 @@ are updated.
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends import cuda_attention, cuda_batch, cuda_ops, cuda_recurrent
+from llogos_cli.backends import MIN_PRODUCT_ROW, cuda_attention, cuda_batch, cuda_experts, cuda_ops, cuda_recurrent
 from llogos_cli.backends.cuda_attention import KVCache
 from llogos_cli.backends.cuda_batch import Layout
 from llogos_cli.backends.cuda_matmul import (
@@ -41,13 +41,14 @@ class CudaBackend:
         self._scratch = Scratch(self.xp)
         self._inputs: dict[str, tuple[np.ndarray, object]] = {}  # name -> (host copy, device buffer)
         self._ones: dict[int, object] = {}                       # rope factors of models without any
-        self._conv_kernels: dict[int, object] = {}               # ssm_conv weights decoded to float32
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType):
         return self.xp.asarray(quants.dequantize(raw.reshape(1, -1), qtype).reshape(-1))
 
-    def matrix(self, raw: np.ndarray, qtype: GGMLQuantizationType, matmul: bool) -> QuantMatrix:
+    def matrix(self, raw: np.ndarray, qtype: GGMLQuantizationType, matmul: bool):
+        if quants.row_elements(raw, qtype) < MIN_PRODUCT_ROW:   # a convolution kernel (C, K), float32 for ssm_conv
+            return self.xp.asarray(quants.dequantize(raw, qtype))
         return upload(self.xp, raw, qtype, matmul)  # products and lookups both read the quantized bytes
 
     def warm_up(self) -> None:
@@ -99,6 +100,9 @@ class CudaBackend:
     def matmul(self, x, w: QuantMatrix):
         return matmul(self.k, self._c(x), w, self._scratch)
 
+    def matmuls(self, x, ws: list[QuantMatrix]) -> list:
+        return [self.matmul(x, w) for w in ws]
+
     def add(self, a, b):
         return cuda_ops.add(self.k, self._c(a), self._c(b))
 
@@ -107,6 +111,9 @@ class CudaBackend:
 
     def scale(self, x, s: float):
         return cuda_ops.scale(self.k, self._c(x), s)
+
+    def softcap(self, x, cap: float):
+        return cuda_ops.softcap(self.k, self._c(x), cap)
 
     def sigmoid(self, x):
         return cuda_ops.sigmoid(self.k, self._c(x))
@@ -123,18 +130,29 @@ class CudaBackend:
     def l2norm(self, x, eps: float):
         return cuda_ops.l2norm(self.k, self._c(x), eps)
 
-    def rope(self, x, pos: np.ndarray, dims: int, base: float, freq_scale: float, neox: bool, factors=None):
+    def rope(self, x, pos: np.ndarray, dims: int, base: float, freq_scale: float, neox: bool, factors=None,
+             attn_factor: float = 1.0):
         """Rotate the first `dims` features of each head of x (T, H, D) by position, each pair's
-        frequency divided by its factor (Llama 3's rope_freqs; ones when the model has none)."""
+        frequency divided by its factor (Llama 3's rope_freqs, Phi-3's long-context factors; ones
+        when the model has none), and scale them by attn_factor."""
         pos = self.device_input("pos", np.asarray(pos, np.int32))
         if factors is None:
             factors = self._ones.get(dims // 2)
             if factors is None:
                 factors = self._ones[dims // 2] = self.xp.ones(dims // 2, np.float32)
-        return cuda_ops.rope(self.k, self._c(x), pos, factors, dims, base, freq_scale, neox)
+        return cuda_ops.rope(self.k, self._c(x), pos, factors, dims, base, freq_scale, neox, attn_factor)
 
     def glu(self, gate, up, gelu: bool):
         return cuda_ops.glu(self.k, self._c(gate), self._c(up), gelu)
+
+    # ---------------------------------------------------------------- mixture of experts
+    def route(self, logits, k: int):
+        """Each token's k most probable experts (T, k) and their renormalised probabilities (T, k)."""
+        return cuda_experts.route(self.k, self._c(logits), k)
+
+    def matmul_experts(self, x, w: QuantMatrix, experts, n_expert: int, weights=None):
+        """x through each token's experts of the stacked w -> (T, k, out); with weights, summed -> (T, out)."""
+        return cuda_experts.matmul_experts(self.k, self._c(x), w, experts, n_expert, weights)
 
     # ---------------------------------------------------------------- attention
     def kv_cache(self, n_slots: int, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
@@ -143,22 +161,18 @@ class CudaBackend:
     def kv_store(self, cache: KVCache, k, v, layout: Layout) -> None:
         cuda_attention.kv_store(self.k, cache, self._c(k), self._c(v), layout)
 
-    def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int):
+    def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0):
         """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv)."""
-        return cuda_attention.attention(self.k, self._c(q), cache, layout, scale, window)
+        return cuda_attention.attention(self.k, self._c(q), cache, layout, scale, window, softcap)
 
-    # ---------------------------------------------------------------- recurrence (Gated DeltaNet)
+    # ---------------------------------------------------------------- recurrence (Gated DeltaNet, LFM2)
     def zeros(self, shape: tuple[int, ...]):
         return self.xp.zeros(shape, np.float32)
 
-    def ssm_conv(self, x, conv_state, w: QuantMatrix, layout: Layout):
+    def ssm_conv(self, x, conv_state, w, layout: Layout):
         """Causal depthwise convolution of x (T, C), each run after its slot's conv_state (n_slots,
-        K-1, C), advanced in place; -> (T, C)."""
-        kernel = self._conv_kernels.get(id(w))
-        if kernel is None:   # decoded once, on the first call: an eager one (cuda_graph warms up first)
-            kernel = get_rows(self.k, w.raw, w.qtype, self.xp.arange(w.rows, dtype=np.int32))  # (C, K) float32
-            self._conv_kernels[id(w)] = kernel
-        return cuda_recurrent.ssm_conv(self.k, self._c(x), conv_state, kernel, layout)
+        K-1, C), advanced in place, with the kernel w (C, K) that matrix() holds as float32; -> (T, C)."""
+        return cuda_recurrent.ssm_conv(self.k, self._c(x), conv_state, w, layout)
 
     def delta_net(self, q, k, v, g, beta, state, layout: Layout):
         """Gated delta rule, each run advancing its slot's state (n_slots, Hv, dv, dk) in place;

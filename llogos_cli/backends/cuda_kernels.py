@@ -19,7 +19,8 @@ CUDA_DIR = PROJECT_ROOT / "cuda"
 
 # Kernel-name suffix of each weight type: matvec_q4_K, dequantize_bf16, get_rows_q8_0, ...
 TYPE_SUFFIX = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16", T.Q8_0: "q8_0", T.Q4_0: "q4_0", T.Q4_1: "q4_1",
-               T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q4_K: "q4_K", T.Q5_K: "q5_K", T.Q6_K: "q6_K"}
+               T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q2_K: "q2_K", T.Q3_K: "q3_K", T.Q4_K: "q4_K", T.Q5_K: "q5_K",
+               T.Q6_K: "q6_K", T.IQ4_NL: "iq4_nl", T.IQ4_XS: "iq4_xs", T.MXFP4: "mxfp4"}
 
 # cuBLAS enums (library_types.h, cublas_api.h).
 _CUDA_R_32F, _CUDA_R_16F = 0, 2

@@ -29,7 +29,7 @@ _THREADS = 256
 # elements per thread: the launchers size their grids by it.
 _PLAIN_BLOCK = 4
 _PART_ELEMENTS = {T.F32: 4, T.F16: 4, T.BF16: 4, T.Q8_0: 8, T.Q4_0: 8, T.Q4_1: 8, T.Q5_0: 8, T.Q5_1: 8,
-                  T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16}
+                  T.Q2_K: 16, T.Q3_K: 16, T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16, T.IQ4_NL: 8, T.IQ4_XS: 16, T.MXFP4: 8}
 
 
 @dataclass(slots=True)

@@ -80,9 +80,9 @@ def l2norm(k, x, eps: float):
     return y
 
 
-def rope(k, x, pos, factors, dims: int, base: float, freq_scale: float, neox: bool):
-    """Rotate the first `dims` features of each head of x (T, H, D) by the positions pos (device, T);
-    pair i's frequency is divided by factors[i] (device, dims/2)."""
+def rope(k, x, pos, factors, dims: int, base: float, freq_scale: float, neox: bool, attn_factor: float = 1.0):
+    """Rotate the first `dims` features of each head of x (T, H, D) by the positions pos (device, T)
+    and scale them by attn_factor; pair i's frequency is divided by factors[i] (device, dims/2)."""
     check(x, np.float32, "x")
     check(pos, np.int32, "pos")
     check(factors, np.float32, "factors")
@@ -93,13 +93,14 @@ def rope(k, x, pos, factors, dims: int, base: float, freq_scale: float, neox: bo
     k.function("rope", "rope_neox_f32" if neox else "rope_norm_f32")(
         (cdiv(x.size // 2, _THREADS),), (_THREADS,),
         (x, y, pos, factors, np.int32(n_tok), np.int32(n_head), np.int32(head_dim), np.int32(dims),
-         np.float32(base), np.float32(freq_scale)))
+         np.float32(base), np.float32(freq_scale), np.float32(attn_factor)))
     return y
 
 
-def softmax_lengths(k, x, lengths, window: int, scale: float):
-    """Softmax of each row of x (rows, n) * scale over its last `window` columns before lengths[row]
-    (all of them before it when window is 0); the other columns become 0."""
+def softmax_lengths(k, x, lengths, window: int, scale: float, softcap: float = 0.0):
+    """Softmax of each row of x (rows, n) * scale, soft-capped by softcap unless 0, over its last
+    `window` columns before lengths[row] (all of them before it when window is 0); the other columns
+    become 0."""
     check(x, np.float32, "x")
     check(lengths, np.int32, "lengths")
     ncols = x.shape[-1]
@@ -108,8 +109,12 @@ def softmax_lengths(k, x, lengths, window: int, scale: float):
     if x.size:
         k.function("softmax", "softmax_lengths_f32")((lengths.size,), (_row_threads(ncols),),
                                                      (x, y, lengths, np.int32(ncols), np.int32(window),
-                                                      np.float32(scale)))
+                                                      np.float32(scale), np.float32(softcap)))
     return y
+
+
+def softcap(k, x, cap: float):
+    return _pointwise(k, "softcap", "softcap_f32", (x,), np.float32(cap))
 
 
 def argmax_rows(k, x):

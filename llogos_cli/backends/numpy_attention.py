@@ -85,18 +85,29 @@ class AttentionOps:
         cache.k[layout.slots, :, layout.pos] = _cache_round(k, cache.type_k)   # (T, n_kv, dk)
         cache.v[layout.slots, :, layout.pos] = _cache_round(v, cache.type_v)   # (T, n_kv, dv)
 
-    def attention(self, q: np.ndarray, cache: KVCache, layout: Layout, scale: float, window: int) -> np.ndarray:
-        """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv)."""
+    def attention(self, q: np.ndarray, cache: KVCache, layout: Layout, scale: float, window: int,
+                  softcap: float = 0.0) -> np.ndarray:
+        """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv).
+        With softcap, scores s (scaled) become softcap * tanh(s / softcap) before the softmax."""
         out = np.empty((q.shape[0], q.shape[1], cache.v.shape[3]), np.float32)
         if len(layout.rows):
             out[layout.rows] = _rows(q[layout.rows], cache, layout.slots[layout.rows], layout.pos[layout.rows],
-                                     scale, window)
+                                     scale, window, softcap)
         for slot, t0, t1 in layout.runs:
-            out[t0:t1] = _run(q[t0:t1], cache.k[slot], cache.v[slot], int(layout.pos[t0]), scale, window)
+            out[t0:t1] = _run(q[t0:t1], cache.k[slot], cache.v[slot], int(layout.pos[t0]), scale, window, softcap)
         return out
 
 
-def _rows(q: np.ndarray, cache: KVCache, slots: np.ndarray, pos: np.ndarray, scale: float, window: int):
+def _softcap(scores: np.ndarray, softcap: float) -> None:
+    """In place: scores s -> softcap * tanh(s / softcap) (Gemma 2's bound on attention logits)."""
+    if softcap:
+        scores *= np.float32(1 / softcap)
+        np.tanh(scores, out=scores)
+        scores *= np.float32(softcap)
+
+
+def _rows(q: np.ndarray, cache: KVCache, slots: np.ndarray, pos: np.ndarray, scale: float, window: int,
+          softcap: float):
     """R decode rows: q (R, H, dk), row r at position pos[r] of slot slots[r]; -> (R, H, dv)."""
     R, H, dk = q.shape
     n_kv = cache.k.shape[1]
@@ -110,6 +121,7 @@ def _rows(q: np.ndarray, cache: KVCache, slots: np.ndarray, pos: np.ndarray, sca
     values = values.astype(np.float32, copy=False)                               # (R, kv, n, dv)
     qg = (q * np.float32(scale)).reshape(R, n_kv, H // n_kv, dk)                 # (R, kv, g, dk)
     scores = qg @ keys.transpose(0, 1, 3, 2)                                     # (R, kv, g, n)
+    _softcap(scores, softcap)
     kpos = np.arange(n)[None, :]
     masked = kpos > pos[:, None]                                                 # (R, n) past each row's length
     if window:
@@ -122,7 +134,8 @@ def _rows(q: np.ndarray, cache: KVCache, slots: np.ndarray, pos: np.ndarray, sca
     return (scores @ values).reshape(R, H, -1)                                   # (R, H, dv)
 
 
-def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, scale: float, window: int):
+def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, scale: float, window: int,
+         softcap: float):
     """Causal attention of q (T, H, dk) at positions pos0.. over one slot's cache; -> (T, H, dv)."""
     T, H, dk = q.shape
     n_kv = k_cache.shape[0]
@@ -135,6 +148,7 @@ def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, sca
         t1 = min(T, t0 + _QUERY_CHUNK)
         qc = q[t0:t1].reshape(t1 - t0, n_kv, group, dk).transpose(1, 2, 0, 3)   # (kv, g, t, dk)
         scores = (qc.reshape(n_kv, group * (t1 - t0), dk) @ keys.transpose(0, 2, 1)) * np.float32(scale)
+        _softcap(scores, softcap)
         qpos = np.arange(pos0 + t0, pos0 + t1)[:, None]
         kpos = np.arange(n)[None, :]
         masked = kpos > qpos

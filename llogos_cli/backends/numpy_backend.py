@@ -15,16 +15,15 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from llogos_cli.backends import MIN_PRODUCT_ROW
 from llogos_cli.backends.cpu_threads import CpuThreads
 from llogos_cli.backends.numpy_attention import AttentionOps, Layout
+from llogos_cli.backends.numpy_experts import ExpertOps
 from llogos_cli.backends.numpy_recurrent import RecurrentOps
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 
 WEIGHTS = ("f32", "quantized")
-# Quantized mode expands matrices with rows shorter than this (a conv kernel (C, 4), which ssm_conv
-# reads as .dense): no block type has such rows, and they are too small to matter.
-_MIN_QUANT_ROW = 32
 # Products of 2 to this many rows (prompt chunks; with batched, decode steps of several rows):
 # OpenBLAS takes the row-major weights as the left operand, W·xᵀ, 10-30% faster than x·Wᵀ, but
 # repacks them on every call (about 2.6 GEMVs at 16 rows), which cpu_rows' kernel does not
@@ -47,7 +46,7 @@ class Matrix:
         return self.dense.nbytes if self.dense is not None else self.raw.nbytes
 
 
-class NumpyBackend(AttentionOps, RecurrentOps):
+class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
     name = "cpu"
     default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to
 
@@ -62,6 +61,7 @@ class NumpyBackend(AttentionOps, RecurrentOps):
         self._rope_key = None
         self._rope_turn = None
         self._rows = None
+        self._product_types: set = set()   # the block types of the matrices held quantized, for warm_up
         if batched:
             from llogos_cli.backends import cpu_rows
             self._rows = cpu_rows
@@ -80,8 +80,9 @@ class NumpyBackend(AttentionOps, RecurrentOps):
             return Matrix(raw, qtype, quants.dequantize(raw, qtype), True)
         if qtype == GGMLQuantizationType.F32:   # its bytes are the float32 matrix: use them in place
             return Matrix(raw, qtype, raw.view(np.float32), True)
-        if quants.row_elements(raw, qtype) < _MIN_QUANT_ROW:
+        if quants.row_elements(raw, qtype) < MIN_PRODUCT_ROW:
             return Matrix(raw, qtype, quants.dequantize(raw, qtype), True)   # e.g. a conv kernel (C, 4)
+        self._product_types.add(qtype)
         return Matrix(raw, qtype, None, True)
 
     @property
@@ -103,7 +104,7 @@ class NumpyBackend(AttentionOps, RecurrentOps):
         if self._rows is not None:
             self._rows.warm_up()
         if self.weights == "quantized":
-            self.quant_matmul.warm_up()
+            self.quant_matmul.warm_up(self._product_types)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -135,6 +136,12 @@ class NumpyBackend(AttentionOps, RecurrentOps):
             return (w.dense @ x.T).T
         return self.quant_matmul(x, w.raw, w.qtype)
 
+    def matmuls(self, x: np.ndarray, ws: list[Matrix]) -> list[np.ndarray]:
+        """x times each of ws, which share it as their input: the quantized ones in one call."""
+        if any(w.dense is not None for w in ws):
+            return [self.matmul(x, w) for w in ws]
+        return self.quant_matmul.many(x, [(w.raw, w.qtype) for w in ws])
+
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
 
@@ -143,6 +150,10 @@ class NumpyBackend(AttentionOps, RecurrentOps):
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:
         return x * np.float32(s)
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        """cap * tanh(x / cap): x bounded to (-cap, cap) smoothly (Gemma 2's final logits)."""
+        return np.tanh(x * np.float32(1 / cap)) * np.float32(cap)
 
     def sigmoid(self, x: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):   # exp(-x) = inf for x < -88 gives the right limit, 0
@@ -161,10 +172,11 @@ class NumpyBackend(AttentionOps, RecurrentOps):
         return x * (np.float32(1.0) / np.sqrt(np.maximum(ss, np.float32(eps * eps))))
 
     def rope(self, x: np.ndarray, pos: np.ndarray, dims: int, base: float, freq_scale: float,
-             neox: bool, factors: np.ndarray | None = None) -> np.ndarray:
+             neox: bool, factors: np.ndarray | None = None, attn_factor: float = 1.0) -> np.ndarray:
         """Rotate the first `dims` features of each head of x (T, H, D) by position. Pair i turns
-        by pos * freq_scale * base^(-2i/dims) / factors[i] (factors: Llama 3's rope_freqs)."""
-        turn = self._rope_table(pos, dims, base, freq_scale, factors)   # (T, 1, dims/2) complex64
+        by pos * freq_scale * base^(-2i/dims) / factors[i] (factors: Llama 3's rope_freqs, Phi-3's
+        long-context factors) and is scaled by attn_factor."""
+        turn = self._rope_table(pos, dims, base, freq_scale, factors, attn_factor)   # (T, 1, dims/2) complex64
         out = x.copy()
         if neox:   # pairs (i, i + dims/2), gathered into complex numbers and turned
             half = dims // 2
@@ -176,16 +188,16 @@ class NumpyBackend(AttentionOps, RecurrentOps):
             out[..., :dims].view(np.complex64)[...] *= turn
         return out
 
-    def _rope_table(self, pos: np.ndarray, dims: int, base: float, freq_scale: float, factors):
+    def _rope_table(self, pos: np.ndarray, dims: int, base: float, freq_scale: float, factors, attn_factor: float):
         # Every layer of a forward pass rotates at the same positions: compute the table once.
-        key = (pos.tobytes(), dims, base, freq_scale, None if factors is None else factors.tobytes())
+        key = (pos.tobytes(), dims, base, freq_scale, None if factors is None else factors.tobytes(), attn_factor)
         if self._rope_key != key:
             inv_freq = freq_scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
             if factors is not None:
                 inv_freq = inv_freq / factors.astype(np.float64)
             angle = pos.astype(np.float64)[:, None] * inv_freq[None, :]
             self._rope_key = key
-            self._rope_turn = np.exp(1j * angle).astype(np.complex64)[:, None, :]
+            self._rope_turn = (attn_factor * np.exp(1j * angle)).astype(np.complex64)[:, None, :]
         return self._rope_turn
 
     def glu(self, gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:

@@ -112,6 +112,7 @@ def _run(engine: BatchEngine, items, writer: Writer, tally: Tally) -> int:
             in_flight[_key(item)] = place, line
             yield item
 
+    prompt = cached = 0
     with tally:
         for result in engine.generate(requests()):
             place, line = in_flight.pop(_key(result))
@@ -119,7 +120,10 @@ def _run(engine: BatchEngine, items, writer: Writer, tally: Tally) -> int:
             record = result.as_dict() if result.error is None else LineError(result.id, line, result.error).as_dict()
             writer.write(place, record)
             tally.add(len(result.tokens), result.error is not None)
+            prompt, cached = prompt + result.timings.prompt_n, cached + result.prefix_hit
     tally.summary()
+    if cached:
+        err.print(f"[dim]prefix cache: {cached} of {prompt} prompt tokens reused ({cached / prompt:.0%})[/dim]")
     return tally.failed
 
 

@@ -1,9 +1,11 @@
 """`llogos batch` input: JSON lines or plain text, one prompt per line, turned into engine Requests.
 
 A JSON line is {"id", "prompt"} or {"id", "messages"} with optional overrides of the sampling
-and stop flags; a line without "id" gets its line number. A file whose first non-blank line is
-not a JSON object is plain text: each non-blank line is a prompt, its id the line number. A line
-that cannot become a request is reported as an error of its own and never stops the others.
+and stop flags, and optionally a "json_schema" (a schema object) or a "grammar" (GBNF text) that
+constrains that line's output alone; a line without "id" gets its line number. A file whose first
+non-blank line is not a JSON object is plain text: each non-blank line is a prompt, its id the
+line number. A line that cannot become a request is reported as an error of its own and never
+stops the others.
 """
 
 import json
@@ -12,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from llogos_cli.engine.batch import Request, row_seed
 from llogos_cli.engine.conversation import ChatFormat, parse_messages
+from llogos_cli.engine.grammar import Grammar
 from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
@@ -19,7 +22,8 @@ from llogos_cli.errors import LlogosError
 # Per-line overrides: JSON name -> (SamplingParams or StopCriteria field, accepted types).
 _SAMPLING = {"temperature": ("temp", (int, float)), "top_k": ("top_k", int), "top_p": ("top_p", (int, float)),
              "min_p": ("min_p", (int, float)), "seed": ("seed", int)}
-_FIELDS = {"id", "prompt", "messages", "n_predict", "max_tokens", "stop", "ignore_eos", "logprobs", *_SAMPLING}
+_FIELDS = {"id", "prompt", "messages", "n_predict", "max_tokens", "stop", "ignore_eos", "logprobs", "json_schema",
+           "grammar", *_SAMPLING}
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +169,17 @@ def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: Defaults)
     if overrides.get("seed") == DRAW_SEED:   # the row's own, as without "seed"
         del overrides["seed"]
     overrides.setdefault("seed", row_seed(d.seed, rid))
-    return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs)
+    return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs, _grammar(fields))
+
+
+def _grammar(fields: dict) -> Grammar | None:
+    if "json_schema" in fields and "grammar" in fields:
+        raise LlogosError("give either \"json_schema\" or \"grammar\", not both")
+    if "json_schema" in fields:
+        return Grammar.json_schema(_typed(fields, "json_schema", (dict, bool, str)))
+    if "grammar" in fields:
+        return Grammar.gbnf(_typed(fields, "grammar", str))
+    return None
 
 
 def _typed(fields: dict, name: str, kinds):

@@ -10,6 +10,8 @@ from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import (
     cache_types,
     chat_format,
+    grammar,
+    grammar_options,
     model_options,
     parse_token_list,
     read_prompt,
@@ -37,6 +39,7 @@ from llogos_cli.model.loader import load, open_model
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Tokens to generate; -1 = until end of generation or a full context.")
 @sampling_options
+@grammar_options
 @click.option("--stop", multiple=True, help="Stop when this text is generated (not printed). Repeatable.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
 @click.option("--echo", is_flag=True, help="Print the prompt before the generated text.")
@@ -61,6 +64,7 @@ def generate(**o):
         raise LlogosError("--chat-template, --chat-template-file and --print-prompt go with --chat")
     if o["chat"] and o["tokens"] is not None:
         raise LlogosError("--chat wraps prompt text in the chat template; it cannot take --tokens")
+    constraint = grammar(o)   # a bad schema or grammar fails before the model is opened
     mf = open_model(o["model_name"])
     tok = mf.tokenizer
     params = sampling_params(o, mf.sampling_defaults)
@@ -84,7 +88,7 @@ def generate(**o):
     gen = Generation(session, tok, ids, Sampler(params, n_ctx),
                      StopCriteria(o["n_predict"], tuple(o["stop"]) + (chat.stop_strings() if chat else ()),
                                   o["ignore_eos"], chat.stop_ids() if chat else frozenset()),
-                     n_logprobs=o["logprobs"], special=o["special"])
+                     n_logprobs=o["logprobs"], special=o["special"], grammar=constraint)
     out = sys.stdout
     if o["echo"] and not o["as_json"]:
         out.write(text if text is not None else tok.decode(ids, special=o["special"]))

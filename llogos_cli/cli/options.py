@@ -9,6 +9,7 @@ import click
 from llogos_cli.backends import BACKENDS, CACHE_TYPES
 from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.engine.conversation import ChatFormat
+from llogos_cli.engine.grammar import Grammar
 from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.registry import ModelEntry
@@ -81,6 +82,19 @@ _TEMPLATE = [
 ]
 
 
+# Structured output, with llama.cpp's names: one of a JSON Schema or a GBNF grammar, inline or from a file.
+_GRAMMAR = [
+    click.option("-j", "--json-schema", metavar="SCHEMA", help="Constrain the output to JSON valid under "
+                 "this JSON Schema, e.g. '{\"type\": \"object\"}' ('{}': any JSON)."),
+    click.option("--json-schema-file", type=click.Path(path_type=Path, dir_okay=False),
+                 help="Read the JSON Schema from a file."),
+    click.option("--grammar", metavar="GBNF", help="Constrain the output to this grammar "
+                 "(llama.cpp's GBNF, e.g. 'root ::= \"yes\" | \"no\"')."),
+    click.option("--grammar-file", type=click.Path(path_type=Path, dir_okay=False),
+                 help="Read the GBNF grammar from a file."),
+]
+
+
 def _apply(options):
     def decorate(f):
         for option in reversed(options):
@@ -92,6 +106,21 @@ def _apply(options):
 sampling_options = _apply(_SAMPLING)
 model_options = _apply(_MODEL)
 template_options = _apply(_TEMPLATE)
+grammar_options = _apply(_GRAMMAR)
+
+
+def grammar(opts: dict) -> Grammar | None:
+    """The constraint the grammar options ask for, checked (a bad one fails here, before any loading)."""
+    names = ("json_schema", "json_schema_file", "grammar", "grammar_file")
+    given = [name for name in names if opts.get(name) is not None]
+    if len(given) > 1:
+        names = " and ".join("--" + name.replace("_", "-") for name in given)
+        raise LlogosError(f"give one of --json-schema, --json-schema-file, --grammar and --grammar-file, not {names}")
+    if not given:
+        return None
+    name = given[0]
+    text = opts[name] if not name.endswith("_file") else read_file(opts[name], name.replace("_", " "))
+    return Grammar.json_schema(text) if name.startswith("json_schema") else Grammar.gbnf(text)
 
 
 def sampling_params(opts: dict, model_defaults: dict) -> SamplingParams:

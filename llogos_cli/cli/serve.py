@@ -23,6 +23,7 @@ from llogos_cli.cli.options import (
 )
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
+from llogos_cli.engine.prefix_cache import CACHE_RAM_MIB
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load, open_model
 
@@ -44,6 +45,11 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Tokens to generate when a request gives no max_tokens; -1 = until the end of generation "
                    "or a full context.")
+@click.option("--cache-prompt/--no-cache-prompt", default=True, show_default=True,
+              help="Reuse the KV of a prompt's beginning that an earlier request already evaluated (prefix caching).")
+@click.option("--cache-ram", type=click.IntRange(min=0), default=CACHE_RAM_MIB, show_default=True, metavar="MiB",
+              help="Memory the prefix cache may keep KV blocks in (at most half of what is free after loading); "
+                   "the least recently used go first. 0 turns the cache off.")
 @sampling_options
 @template_options
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
@@ -81,7 +87,8 @@ def serve(**o):
     def load_then_run(loop):
         try:
             m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"], threads=threads(o))
-            engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"])
+            engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"],
+                                 o["cache_ram"] << 20 if o["cache_prompt"] else 0)
         except (LlogosError, MemoryError) as e:
             failure.append(e)
             app.state.server.should_exit = True

@@ -5,6 +5,11 @@ a token budget; a row that finishes frees its slot, which the next waiting reque
 next step. The scheduler decides, the runner evaluates and samples, and the rows fold the tokens
 in; `generate` is add-requests-then-step-until-done, pulling requests lazily so that a file of
 millions of prompts never sits in memory.
+
+With a prefix cache (prefix_cache_bytes > 0, the default), every full block of a row's tokens is kept in the
+runner's pool as the row goes, and a request whose prompt begins with kept blocks, any earlier
+row's, starts after them. Recurrent layers (Qwen3.5's DeltaNet, LFM2's short convolutions) carry
+a state that a KV prefix cannot rebuild: such models run without the cache.
 """
 
 import hashlib
@@ -13,6 +18,8 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from llogos_cli.engine.grammar import Grammar
+from llogos_cli.engine.prefix_cache import BLOCK_SIZE, CACHE_RAM_MIB, BlockManager
 from llogos_cli.engine.runner import ModelRunner
 from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
@@ -20,6 +27,7 @@ from llogos_cli.engine.sequence import Sequence, Timings, Token
 from llogos_cli.engine.session import check_fits
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
+from llogos_cli.model import memory
 from llogos_cli.model.forward import Model
 
 
@@ -30,6 +38,7 @@ class Request:
     params: SamplingParams = SamplingParams()
     criteria: StopCriteria = StopCriteria()
     n_logprobs: int = 0
+    grammar: Grammar | None = None   # constrains this request's output alone
 
 
 @dataclass(slots=True)
@@ -41,12 +50,13 @@ class Result:
     timings: Timings
     logprobs: list | None = None     # per token: [(id, logprob), ...]
     error: str | None = None         # why the request could not run (nothing else is set then)
+    prefix_hit: int = 0              # prompt tokens whose KV came from the prefix cache
 
     def as_dict(self) -> dict:
         if self.error is not None:
             return {"id": self.id, "error": self.error}
         d = {"id": self.id, "text": self.text, "tokens": self.tokens, "stop": self.stop,
-             "timings": self.timings.as_dict()}
+             "timings": {**self.timings.as_dict(), "cache_n": self.prefix_hit}}
         if self.logprobs is not None:
             d["logprobs"] = [[[i, lp] for i, lp in top] for top in self.logprobs]
         return d
@@ -74,6 +84,8 @@ class Row:
     tokens: list[int]                # prompt + generated; the last one is not yet in the cache
     slot: int = -1
     n_cached: int = 0                # tokens of this row in its cache slot
+    blocks: list[int] = field(default_factory=list)   # prefix cache blocks holding its first tokens
+    prefix_hit: int = 0              # prompt tokens taken from the prefix cache
     emitted: list[Token] = field(default_factory=list)
     started: float = 0.0
     first_token: float = 0.0
@@ -84,7 +96,7 @@ class Row:
         timings = Timings(prompt_n=len(seq.prompt), prompt_ms=(self.first_token - self.started) * 1e3,
                           predicted_n=len(seq.generated), predicted_ms=(now - self.first_token) * 1e3)
         return Result(self.request.id, "".join(t.text for t in self.emitted) + seq.tail,
-                      [t.id for t in self.emitted], seq.stop, timings, logprobs)
+                      [t.id for t in self.emitted], seq.stop, timings, logprobs, prefix_hit=self.prefix_hit)
 
 
 class BatchEngine:
@@ -92,10 +104,12 @@ class BatchEngine:
     finished results. Results depend only on each request, never on its batch-mates."""
 
     def __init__(self, model: Model, tokenizer, n_slots: int, n_ctx: int,
-                 cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = 512):
+                 cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = 512,
+                 prefix_cache_bytes: int = CACHE_RAM_MIB << 20):
         self.tokenizer, self.n_ctx = tokenizer, n_ctx
-        self.scheduler = Scheduler(n_slots, step_tokens)
-        self.runner = ModelRunner(model, n_slots, n_ctx, cache_types)
+        n_blocks = _prefix_cache_blocks(model, cache_types, prefix_cache_bytes)
+        self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks) if n_blocks else None)
+        self.runner = ModelRunner(model, n_slots, n_ctx, cache_types, n_blocks)
         self._done: list[Update] = []    # requests that ended before needing a slot
 
     @property
@@ -115,7 +129,7 @@ class BatchEngine:
             raise LlogosError(f"a prompt token id is out of range (the vocabulary has {n_vocab} tokens)")
         check_fits(len(request.prompt), self.n_ctx)
         seq = Sequence(self.tokenizer, request.prompt, Sampler(request.params, self.n_ctx), request.criteria,
-                       self.n_ctx, request.n_logprobs)
+                       self.n_ctx, request.n_logprobs, grammar=request.grammar)
         row = Row(request, seq, list(request.prompt))
         if seq.stop is not None:   # nothing to generate (n_predict 0, or no room left)
             self._done.append(Update(request.id, None, row.result(time.perf_counter())))
@@ -141,10 +155,11 @@ class BatchEngine:
             return updates
         now = time.perf_counter()
         for w in work:
-            if w.start == 0:
+            if w.start == w.row.prefix_hit:   # the row's first chunk
                 w.row.started = now
         chosen = self.runner.run(work)
         now = time.perf_counter()
+        self._keep_blocks(work)
         for w, (token_id, logprobs) in zip((w for w in work if w.samples), chosen):
             row = w.row
             row.n_cached = w.end
@@ -163,6 +178,16 @@ class BatchEngine:
             if not w.samples:
                 w.row.n_cached = w.end
         return updates
+
+    def _keep_blocks(self, work) -> None:
+        """Each row's newly filled blocks into the prefix cache, while its slot still holds them."""
+        blocks = self.scheduler.blocks
+        if blocks is None:
+            return
+        for w in work:
+            row = w.row
+            if w.end // BLOCK_SIZE > len(row.blocks):
+                self.runner.keep(row.slot, blocks.extend(row.blocks, row.tokens, w.end))
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Run every request, yielding each result as it finishes. Requests are pulled from the
@@ -184,3 +209,13 @@ class BatchEngine:
             for update in self.step():
                 if update.result is not None:
                     yield update.result
+
+
+def _prefix_cache_blocks(model: Model, cache_types: tuple[str | None, str | None], limit: int) -> int:
+    """Blocks of prefix cache for a pool of at most `limit` bytes; none for recurrent models."""
+    if not limit or any(model.cfg.recurrent):
+        return 0
+    b = model.b
+    return memory.prefix_cache_blocks(model.cfg, "cuda" if b.name == "cuda" else "cpu",
+                                      cache_types[0] or b.default_cache_type,
+                                      cache_types[1] or b.default_cache_type, BLOCK_SIZE, limit)

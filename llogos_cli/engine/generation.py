@@ -2,6 +2,7 @@
 
 import time
 
+from llogos_cli.engine.grammar import Grammar
 from llogos_cli.engine.sampling import Sampler
 from llogos_cli.engine.sequence import Sequence, Timings
 from llogos_cli.engine.session import Session
@@ -13,9 +14,9 @@ class Generation:
     """Iterate to receive Tokens; afterwards `stop` says why it ended and `timings` how long it took."""
 
     def __init__(self, session: Session, tokenizer: Tokenizer, prompt: list[int], sampler: Sampler,
-                 criteria: StopCriteria, n_logprobs: int = 0, special: bool = False):
+                 criteria: StopCriteria, n_logprobs: int = 0, special: bool = False, grammar: Grammar | None = None):
         self.session, self.prompt, self.sampler = session, prompt, sampler
-        self.seq = Sequence(tokenizer, prompt, sampler, criteria, session.n_ctx, n_logprobs, special)
+        self.seq = Sequence(tokenizer, prompt, sampler, criteria, session.n_ctx, n_logprobs, special, grammar)
         self.timings = Timings()
 
     stop = property(lambda self: self.seq.stop or "")

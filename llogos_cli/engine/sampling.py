@@ -1,6 +1,6 @@
 """Token sampling with llama.cpp's flags, defaults and order of operations.
 
-The chain is llama.cpp's default: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+The chain is llama.cpp's default: logit bias -> penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 Truncation happens before temperature, so top-p and min-p see the untempered distribution.
 """
 
@@ -27,6 +27,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None          # None: a fresh random seed (DRAW_SEED on a command line or in a request)
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit), OpenAI's logit_bias
 
     def __post_init__(self):
         checks = [
@@ -38,6 +39,7 @@ class SamplingParams:
             (math.isfinite(self.presence_penalty) and math.isfinite(self.frequency_penalty),
              "penalties must be finite numbers"),
             (self.seed is None or 0 <= self.seed < 2 ** 64, "--seed must be between 0 and 2^64-1"),
+            (all(math.isfinite(bias) for _, bias in self.logit_bias), "logit biases must be finite numbers"),
         ]
         for ok, message in checks:
             if not ok:
@@ -63,18 +65,24 @@ class Sampler:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with no penalties: the token is the argmax of the raw logits."""
-        return self.params.greedy and not self.params.penalized
+        """Greedy with no penalties or biases: the token is the argmax of the raw logits."""
+        return self.params.greedy and not self.params.penalized and not self.params.logit_bias
 
     def accept(self, token_id: int) -> None:
         """Record a prompt or generated token for the repetition penalties."""
         self.history.append(token_id)
 
-    def sample(self, logits: np.ndarray) -> int:
+    def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
+        """The next token. `allowed` (bools, one per logit) leaves only those tokens in the running,
+        after the penalties and before truncation, so a grammar binds greedy and sampled rows alike."""
         p = self.params
         logits = logits.astype(np.float32, copy=True)
+        for token_id, bias in p.logit_bias:
+            logits[token_id] += bias
         if p.penalized:
             self._penalize(logits)
+        if allowed is not None:
+            logits[~allowed] = -np.inf
         if p.greedy:
             return int(np.argmax(logits))
         ids = np.arange(len(logits))

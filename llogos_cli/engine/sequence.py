@@ -1,13 +1,15 @@
 """One prompt's generation as it goes: the tokens sampled so far, their text, and why it ended.
 
 The same per-token rules serve a single `generate` and every row of a batch: end-of-generation
-and chat end-of-turn tokens, the token limit, the room left in the context, and stop strings.
+and chat end-of-turn tokens, the token limit, the room left in the context, stop strings, and a
+grammar that is complete. A constrained row chooses only among the tokens its grammar allows.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from llogos_cli.engine.grammar import Grammar, Matcher
 from llogos_cli.engine.sampling import Sampler, top_logprobs
 from llogos_cli.engine.stops import StopCriteria, StopFilter
 from llogos_cli.tokenizer.detokenize import StreamDecoder
@@ -42,12 +44,13 @@ def _rate(n: int, ms: float) -> float:
 class Sequence:
     """Feed it sampled tokens with push(); `stop` is set ("eos", "limit" or "stop-string") once it
     has ended, and `tail` holds the text released only at the end (a held-back stop-string prefix
-    or a partial UTF-8 character)."""
+    or a partial UTF-8 character). A complete grammar ends it as "eos": the reply is whole."""
 
     def __init__(self, tokenizer, prompt: list[int], sampler: Sampler, criteria: StopCriteria, n_ctx: int,
-                 n_logprobs: int = 0, special: bool = False):
+                 n_logprobs: int = 0, special: bool = False, grammar: Grammar | None = None):
         self.tokenizer, self.prompt, self.sampler, self.criteria = tokenizer, prompt, sampler, criteria
         self.n_logprobs = n_logprobs
+        self.matcher = Matcher(grammar, tokenizer) if grammar is not None else None
         self.generated: list[int] = []
         self.room = n_ctx - len(prompt)        # tokens that still fit in the context
         self.stop: str | None = None
@@ -67,16 +70,19 @@ class Sequence:
     @property
     def plain_greedy(self) -> bool:
         """The next token is the argmax of the raw logits: it can be taken where the logits are."""
-        return self.sampler.plain_greedy and not self.n_logprobs
+        return self.sampler.plain_greedy and not self.n_logprobs and self.matcher is None
 
     def choose(self, row: np.ndarray) -> tuple[int, list | None]:
         """Sample from a host logits row; with the top log-probabilities when asked for."""
-        return self.sampler.sample(row), (top_logprobs(row, self.n_logprobs) if self.n_logprobs else None)
+        allowed = self.matcher.allowed(len(row)) if self.matcher is not None else None
+        return self.sampler.sample(row, allowed), (top_logprobs(row, self.n_logprobs) if self.n_logprobs else None)
 
     def push(self, token_id: int, logprobs: list | None = None) -> Token | None:
         """Fold in the next token: the Token to emit, or None when it ends the sequence unseen."""
         crit = self.criteria
         self.generated.append(token_id)
+        if self.matcher is not None:
+            self.matcher.consume(token_id)
         if token_id in crit.stop_ids or (token_id in self.tokenizer.eog_ids and not crit.ignore_eos):
             self._end("eos")
             return None
@@ -84,6 +90,8 @@ class Sequence:
         token = Token(token_id, self._stops.push(self._decoder.push(token_id)), logprobs)
         if self._stops.hit:
             self._end("stop-string")
+        elif self.matcher is not None and self.matcher.done:
+            self._end("eos")
         elif not self.wants_more:
             self._end("limit")
         return token

@@ -100,8 +100,67 @@ def _q6_k(b):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 256 elements
     return y.reshape(*b.shape[:-1], 256)
 
 
+def _two_bits(qs: np.ndarray) -> np.ndarray:
+    """64 bytes -> 256 two-bit values: in half h (32 bytes), element 32k + l is bits 2k of byte l."""
+    g = qs.reshape(*qs.shape[:-1], 2, 1, 32)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
+    return ((g >> shifts) & 3).reshape(*qs.shape[:-1], 256)
+
+
+def _q2_k(b):  # scales:u8[16] (low nibble scale, high nibble min), qs:u8[64], d:f16, dmin:f16 per 256
+    sc = b[..., 0:16]
+    a = (_f16(b, 80) * (sc & 0x0F).astype(np.float32))[..., None]
+    c = (_f16(b, 82) * (sc >> 4).astype(np.float32))[..., None]
+    q = _two_bits(b[..., 16:80]).astype(np.float32).reshape(*b.shape[:-1], 16, 16)
+    return (a * q - c).reshape(*b.shape[:-1], 256)
+
+
+def _q3_k(b):  # hmask:u8[32], qs:u8[64], scales:u8[12] (16 six-bit, biased by 32), d:f16 per 256
+    s = b[..., 96:108]
+    low = np.concatenate([s[..., 0:8] & 0x0F, s[..., 0:8] >> 4], axis=-1)                  # scale j: byte j % 8
+    high = np.concatenate([(s[..., 8:12] >> k) & 3 for k in (0, 2, 4, 6)], axis=-1)      # byte 8 + j % 4
+    scales = (low | (high << 4)).astype(np.float32) - 32.0
+    # Element 32m + l takes bit m of hmask[l] as its third bit; a clear bit means q - 4.
+    hbit = np.unpackbits(b[..., 0:32, None], axis=-1, bitorder="little")                   # (.., l, m)
+    hbit = np.swapaxes(hbit, -1, -2).reshape(*b.shape[:-1], 256)
+    q = _two_bits(b[..., 32:96]).astype(np.float32) - 4.0 * (1 - hbit).astype(np.float32)
+    return ((_f16(b, 108) * scales)[..., None] * q.reshape(*b.shape[:-1], 16, 16)).reshape(*b.shape[:-1], 256)
+
+
+# IQ4_NL's and IQ4_XS's 16 non-linear levels, and MXFP4's E2M1 values doubled (ggml-common.h).
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """Half of the power of two 2^(e - 127) an E8M0 byte stands for, as float32 (2^-128 and 2^-127,
+    for e 0 and 1, are subnormal): MXFP4's values are doubled, so this is the block's multiplier."""
+    e = e.astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (np.maximum(e, 1) - 1) << 23)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _iq4_nl(b):  # d:f16, qs:u8[16] (nibbles as Q4_0, each an index into IQ4_NL_VALUES)
+    return _f16(b, 0) * IQ4_NL_VALUES[_nibbles(b[..., 2:18])]
+
+
+def _iq4_xs(b):  # d:f16, scales_h:u16, scales_l:u8[4], qs:u8[128] per 256: 8 sub-blocks of 32
+    h = b[..., 2:4].copy().view(np.uint16)
+    high = (h >> (2 * np.arange(8, dtype=np.uint16))) & 3                                 # sub-block j: bits 2j
+    low = np.stack([b[..., 4:8] & 0x0F, b[..., 4:8] >> 4], axis=-1).reshape(*b.shape[:-1], 8)  # byte j / 2
+    scales = (low.astype(np.uint16) | (high << 4)).astype(np.float32) - 32.0
+    qs = b[..., 8:136].reshape(*b.shape[:-1], 8, 16)
+    q = IQ4_NL_VALUES[np.concatenate([qs & 0x0F, qs >> 4], axis=-1)]                     # (.., 8, 32)
+    return ((_f16(b, 0) * scales)[..., None] * q).reshape(*b.shape[:-1], 256)
+
+
+def _mxfp4(b):  # e:E8M0, qs:u8[16] (nibbles as Q4_0, each an index into MXFP4_VALUES) per 32
+    return e8m0_half(b[..., 0:1]) * MXFP4_VALUES[_nibbles(b[..., 1:17])]
+
+
 _DEQUANT = {T.Q8_0: _q8_0, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1,
-            T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
+            T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+            T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs, T.MXFP4: _mxfp4}
 _PLAIN = {T.F32: np.float32, T.F16: np.float16}
 SUPPORTED = frozenset(_DEQUANT) | frozenset(_PLAIN) | {T.BF16}
 

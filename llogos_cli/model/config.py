@@ -6,16 +6,10 @@ from dataclasses import dataclass
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.gguf.layout import printable
+from llogos_cli.model.families import FAMILIES, SUPPORTED_ARCHS
 
-SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "qwen35")
-
-# Traits fixed by the family rather than stored in the file, as llama.cpp assigns them.
-_NEOX_ROPE = {"gemma3", "qwen2", "qwen3", "qwen35"}  # half-split pairs; llama pairs adjacent dims
-_GELU_FFN = {"gemma3"}                               # GeGLU (tanh GELU); the rest use SwiGLU
-_POST_NORMS = {"gemma3"}                             # norms on each sublayer's output
-_QK_NORM = {"gemma3", "qwen3", "qwen35"}             # per-head RMSNorm of queries and keys
-_GEMMA3_SWA_PERIOD = 6                               # every 6th gemma3 layer is global
-_OPTIONAL = (".attn_q.bias", ".attn_k.bias", ".attn_v.bias", "rope_freqs.weight")
+_OPTIONAL = (".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias", "rope_freqs.weight",
+             "rope_factors_long.weight", "rope_factors_short.weight")
 _MAX_COUNT = 1 << 31                                 # sizes and counts are int32 on every backend
 
 
@@ -45,6 +39,35 @@ class SSMConfig:
         return self.n_v_heads * self.head_v_dim * self.head_k_dim + (self.conv_kernel - 1) * self.conv_channels
 
 
+def _kv_heads(f: GGUFFile, arch: str, n_head: int, n_layer: int) -> tuple[int, list[bool]]:
+    """The KV head count of the attention layers, and which layers have none: LFM2 writes one count
+    per layer, 0 for its convolution layers."""
+    name = f"{arch}.attention.head_count_kv"
+    value = f.meta.get(name, n_head)
+    per_layer = value if isinstance(value, list) else [value] * n_layer
+    counts = {v for v in per_layer if v != 0}
+    if (len(per_layer) != n_layer or any(type(v) is not int or not 0 <= v < _MAX_COUNT for v in per_layer)
+            or len(counts) != 1):
+        raise LlogosError(f"{f.path}: metadata {name} is {_show(value)}, not one KV head count "
+                          f"(from 1) for the attention layers")
+    return counts.pop(), [v == 0 for v in per_layer]
+
+
+def _sliding(f: GGUFFile, arch: str, il: int, n_layer: int, period: int) -> bool:
+    """Whether layer il attends through the sliding window: the file's pattern (one flag per layer,
+    or a period), else the family's period, as llama.cpp's set_swa_pattern reads it."""
+    pattern = f.meta.get(f"{arch}.attention.sliding_window_pattern", period)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer or any(type(v) not in (bool, int) for v in pattern):
+            raise LlogosError(f"{f.path}: metadata {arch}.attention.sliding_window_pattern is {_show(pattern)}, "
+                              f"not one flag for each of the {n_layer} layers")
+        return bool(pattern[il])
+    if type(pattern) is not int or not 0 <= pattern < _MAX_COUNT:
+        raise LlogosError(f"{f.path}: metadata {arch}.attention.sliding_window_pattern is {_show(pattern)}, "
+                          "not a list of flags or a period")
+    return pattern == 0 or il % pattern < pattern - 1
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     arch: str
@@ -56,28 +79,43 @@ class ModelConfig:
     head_dim_k: int
     head_dim_v: int
     n_ff: int
+    n_expert: int                     # experts per MoE layer (ffn_*_exps); 0 for a dense feed-forward
+    n_expert_used: int                # experts each token is routed to
+    n_ff_exp: int                     # each expert's hidden size
     n_ctx_train: int
     norm_eps: float
     rope_dims: int                    # leading dims of each head that are rotated
     rope_neox: bool
     rope_base: tuple[float, ...]      # per layer (sliding-window layers may use their own)
     rope_freq_scale: tuple[float, ...]
+    rope_layers: tuple[bool, ...]     # per layer: queries and keys rotated (SmolLM3 leaves some unrotated)
+    rope_attn_factor: float           # rotated features times this (Phi-3's long-context RoPE)
+    n_ctx_orig: int                   # contexts past this take rope_factors_long, the rest rope_factors_short
     window: tuple[int, ...]           # per layer: sliding-window size, 0 for global attention
-    recurrent: tuple[bool, ...]       # per layer: Gated DeltaNet instead of attention
+    recurrent: tuple[bool, ...]       # per layer: a recurrent sublayer (see ssm, conv_kernel) instead of attention
     embed_scale: float
     attn_scale: float
+    residual_scale: float             # each sublayer's output times this before the residual add
+    logit_scale: float                # the LM head's output times this
+    attn_softcap: float               # attention scores s become c * tanh(s / c); 0: not capped
+    final_softcap: float              # the same for the logits
     gelu_ffn: bool
+    pre_norms: bool
     post_norms: bool
-    qk_norm: bool
+    qk_norm: str                      # "", "head" or "all" (see Family)
+    fused_qkv: bool                   # queries, keys and values from one attn_qkv product
+    fused_ffn: bool                   # ffn_up holds the gate's rows, then the up rows
     attn_gate: bool                   # attention output gated by sigmoid(part of attn_q)
     ffn_norm: str                     # tensor holding the pre-FFN norm
+    output_norm: str                  # tensor holding the final norm
     output: str                       # LM head tensor (token_embd when tied)
-    ssm: SSMConfig | None
+    ssm: SSMConfig | None             # recurrent layers are Gated DeltaNet (qwen35)
+    conv_kernel: int                  # recurrent layers are short convolutions of this width (lfm2); else 0
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
         arch = f.arch
-        if arch not in SUPPORTED_ARCHS:
+        if arch not in FAMILIES:
             raise LlogosError(f"unsupported architecture '{printable(str(arch))}' (supported: {', '.join(SUPPORTED_ARCHS)})")
 
         def key(name, default=None):
@@ -100,6 +138,9 @@ class ModelConfig:
                 raise LlogosError(f"{f.path}: metadata {arch}.{name} is {_show(value)}, not a positive number")
             return float(value)
 
+        def optional(name, default: float) -> float:
+            return real(name) if f"{arch}.{name}" in f.meta else default
+
         def flags(name) -> list[bool]:
             value = key(name, [])
             if not isinstance(value, list) or len(value) not in (0, n_layer) or any(type(v) not in (bool, int) for v in value):
@@ -120,17 +161,24 @@ class ModelConfig:
             raise LlogosError(f"{f.path}: unsupported rope scaling {_show(scaling)} (supported: none, linear)")
         scale = 1.0 / real("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
 
+        fam = FAMILIES[arch]
         window, rope_base, freq_scale = [0] * n_layer, [base] * n_layer, [scale] * n_layer
         n_swa = count("attention.sliding_window", 0, least=0)
-        if arch == "gemma3" and n_swa > 0:
-            pattern = flags("attention.sliding_window_pattern")
+        if fam.swa_period is not None and n_swa > 0:
+            swa_base = real("rope.freq_base_swa", fam.swa_rope_base or base)
             for il in range(n_layer):
-                swa = pattern[il] if pattern else il % _GEMMA3_SWA_PERIOD < _GEMMA3_SWA_PERIOD - 1
-                if swa:
-                    window[il], rope_base[il], freq_scale[il] = n_swa, real("rope.freq_base_swa", 10000.0), 1.0
+                if _sliding(f, arch, il, n_layer, fam.swa_period):
+                    window[il], rope_base[il] = n_swa, swa_base
+                    freq_scale[il] = scale if fam.swa_rope_scaled else 1.0
 
+        n_head_kv, no_kv = _kv_heads(f, arch, n_head, n_layer)
         recurrent = [False] * n_layer
-        ssm = None
+        ssm, conv_kernel = None, 0
+        if arch == "lfm2":
+            recurrent, conv_kernel = no_kv, count("shortconv.l_cache", least=2)
+        elif any(no_kv):
+            raise LlogosError(f"{f.path}: metadata {arch}.attention.head_count_kv gives layer {no_kv.index(True)} "
+                              "no KV heads")
         if arch == "qwen35":
             recurrent = flags("attention.recurrent_layers") or [
                 (il + 1) % count("full_attention_interval") != 0 for il in range(n_layer)]
@@ -142,27 +190,45 @@ class ModelConfig:
             ssm = SSMConfig(conv_kernel=count("ssm.conv_kernel"), head_k_dim=count("ssm.state_size"),
                             n_k_heads=n_k_heads, n_v_heads=n_v_heads, head_v_dim=inner // n_v_heads)
 
-        if arch == "gemma3" and n_layer == 62:
-            # Gemma 3 27B scales queries by the model width per head, not the head size.
+        if n_layer == fam.wide_query_layers:
+            # Gemma 2 27B and Gemma 3 27B scale queries by the model width per head, not the head size.
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         else:
             attn_scale = 1.0 / math.sqrt(head_dim_k)
+        n_ctx_train = count("context_length")
+        n_expert = count("expert_count", 0, least=0)
+        n_expert_used = count("expert_used_count") if n_expert else 0
+        if n_expert_used > n_expert:
+            raise LlogosError(f"{f.path}: {n_expert_used} experts used of {n_expert}")
+        n_ff_exp = count("expert_feed_forward_length") if n_expert else 0
+        first_attention = next((il for il in range(n_layer) if not recurrent[il]), 0)
+        period = fam.no_rope_period
 
         cfg = cls(
             arch=arch, n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-            n_head_kv=count("attention.head_count_kv", n_head),
+            n_head_kv=n_head_kv,
             head_dim_k=head_dim_k, head_dim_v=count("attention.value_length", head_dim_k),
-            n_ff=count("feed_forward_length"), n_ctx_train=count("context_length"),
+            n_ff=count("feed_forward_length", n_ff_exp or None), n_ctx_train=n_ctx_train,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
             norm_eps=real("attention.layer_norm_rms_epsilon"),
-            rope_dims=count("rope.dimension_count", head_dim_k, least=0), rope_neox=arch in _NEOX_ROPE,
-            rope_base=tuple(rope_base), rope_freq_scale=tuple(freq_scale), window=tuple(window),
-            recurrent=tuple(recurrent),
-            embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0, attn_scale=attn_scale,
-            gelu_ffn=arch in _GELU_FFN, post_norms=arch in _POST_NORMS, qk_norm=arch in _QK_NORM,
-            attn_gate=arch == "qwen35",
-            ffn_norm="post_attention_norm" if arch == "qwen35" else "ffn_norm",
+            rope_dims=count("rope.dimension_count", head_dim_k, least=0), rope_neox=fam.rope_neox,
+            rope_base=tuple(rope_base), rope_freq_scale=tuple(freq_scale),
+            rope_layers=tuple(not period or (il + 1) % period != 0 for il in range(n_layer)),
+            rope_attn_factor=real("rope.scaling.attn_factor", 1.0),
+            n_ctx_orig=count("rope.scaling.original_context_length", n_ctx_train),
+            window=tuple(window), recurrent=tuple(recurrent),
+            embed_scale=optional("embedding_scale", math.sqrt(n_embd) if fam.embed_scaled else 1.0),
+            attn_scale=optional("attention.scale", attn_scale),
+            residual_scale=optional("residual_scale", 1.0), logit_scale=1.0 / optional("logit_scale", 1.0),
+            attn_softcap=optional("attn_logit_softcapping", fam.attn_softcap),
+            final_softcap=optional("final_logit_softcapping", fam.final_softcap),
+            gelu_ffn=fam.gelu_ffn, pre_norms=fam.pre_norms, post_norms=fam.post_norms, qk_norm=fam.qk_norm,
+            fused_qkv=f"blk.{first_attention}.attn_qkv.weight" in f.tensors and not recurrent[first_attention],
+            fused_ffn="blk.0.ffn_gate.weight" not in f.tensors and "blk.0.ffn_up.weight" in f.tensors,
+            attn_gate=fam.attn_gate, ffn_norm=fam.ffn_norm,
+            output_norm=fam.output_norm,
             output="output.weight" if "output.weight" in f.tensors else "token_embd.weight",
-            ssm=ssm,
+            ssm=ssm, conv_kernel=conv_kernel,
         )
         cfg._validate(f)
         return cfg
@@ -190,15 +256,28 @@ class ModelConfig:
         _OPTIONAL may be absent."""
         d, dk, dv, n_kv = self.n_embd, self.head_dim_k, self.head_dim_v, self.n_head_kv
         q_rows = self.n_head * dk * (2 if self.attn_gate else 1)  # gated heads carry their gate
-        shapes = {"token_embd.weight": (self.n_vocab, d), "output_norm.weight": (d,),
-                  self.output: (self.n_vocab, d), "rope_freqs.weight": (self.rope_dims // 2,)}
+        shapes = {"token_embd.weight": (self.n_vocab, d), self.output_norm: (d,),
+                  self.output: (self.n_vocab, d), "rope_freqs.weight": (self.rope_dims // 2,),
+                  "rope_factors_long.weight": (self.rope_dims // 2,),
+                  "rope_factors_short.weight": (self.rope_dims // 2,)}
         for il in range(self.n_layer):
             p = f"blk.{il}."
-            layer = {"attn_norm.weight": (d,), self.ffn_norm + ".weight": (d,), "ffn_gate.weight": (self.n_ff, d),
-                     "ffn_up.weight": (self.n_ff, d), "ffn_down.weight": (d, self.n_ff)}
+            layer = {"attn_norm.weight": (d,), self.ffn_norm + ".weight": (d,)} if self.pre_norms else {}
+            if self.n_expert:
+                n_e, ff = self.n_expert, self.n_ff_exp
+                layer |= {"ffn_gate_inp.weight": (n_e, d), "ffn_gate_exps.weight": (n_e, ff, d),
+                          "ffn_up_exps.weight": (n_e, ff, d), "ffn_down_exps.weight": (n_e, d, ff)}
+            elif self.fused_ffn:
+                layer |= {"ffn_up.weight": (2 * self.n_ff, d), "ffn_down.weight": (d, self.n_ff)}
+            else:
+                layer |= {"ffn_gate.weight": (self.n_ff, d), "ffn_up.weight": (self.n_ff, d),
+                          "ffn_down.weight": (d, self.n_ff)}
             if self.post_norms:
                 layer |= {"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)}
-            if self.recurrent[il]:
+            if self.recurrent[il] and self.conv_kernel:
+                layer |= {"shortconv.conv.weight": (d, self.conv_kernel), "shortconv.in_proj.weight": (3 * d, d),
+                          "shortconv.out_proj.weight": (d, d)}
+            elif self.recurrent[il]:
                 s = self.ssm
                 value_dim = s.n_v_heads * s.head_v_dim
                 layer |= {"attn_qkv.weight": (s.conv_channels, d), "attn_gate.weight": (value_dim, d),
@@ -206,10 +285,17 @@ class ModelConfig:
                           "ssm_conv1d.weight": (s.conv_channels, s.conv_kernel), "ssm_norm.weight": (s.head_v_dim,),
                           "ssm_out.weight": (d, value_dim), "ssm_a": (s.n_v_heads,), "ssm_dt.bias": (s.n_v_heads,)}
             else:
-                layer |= {"attn_q.weight": (q_rows, d), "attn_k.weight": (n_kv * dk, d), "attn_v.weight": (n_kv * dv, d),
-                          "attn_output.weight": (d, self.n_head * dv), "attn_q.bias": (q_rows,),
-                          "attn_k.bias": (n_kv * dk,), "attn_v.bias": (n_kv * dv,)}
-                if self.qk_norm:
+                if self.fused_qkv:
+                    rows = q_rows + n_kv * (dk + dv)
+                    layer |= {"attn_qkv.weight": (rows, d), "attn_qkv.bias": (rows,)}
+                else:
+                    layer |= {"attn_q.weight": (q_rows, d), "attn_k.weight": (n_kv * dk, d),
+                              "attn_v.weight": (n_kv * dv, d), "attn_q.bias": (q_rows,),
+                              "attn_k.bias": (n_kv * dk,), "attn_v.bias": (n_kv * dv,)}
+                layer |= {"attn_output.weight": (d, self.n_head * dv)}
+                if self.qk_norm == "head":
                     layer |= {"attn_q_norm.weight": (dk,), "attn_k_norm.weight": (dk,)}
+                elif self.qk_norm == "all":
+                    layer |= {"attn_q_norm.weight": (self.n_head * dk,), "attn_k_norm.weight": (n_kv * dk,)}
             shapes |= {p + name: shape for name, shape in layer.items()}
         return shapes

@@ -29,10 +29,10 @@ def block(b, cfg: ModelConfig, w: dict, p: str, x, state: DeltaState, layout):
     s = cfg.ssm
     T = x.shape[0]
     key_dim, value_dim = s.n_k_heads * s.head_k_dim, s.n_v_heads * s.head_v_dim
-    qkv = b.matmul(x, w[p + "attn_qkv.weight"])                            # (T, 2 * key_dim + value_dim)
-    z = b.matmul(x, w[p + "attn_gate.weight"])                             # (T, value_dim) output gate
-    beta = b.sigmoid(b.matmul(x, w[p + "ssm_beta.weight"]))                # (T, n_v_heads) write strength
-    dt = b.softplus(b.add(b.matmul(x, w[p + "ssm_alpha.weight"]), w[p + "ssm_dt.bias"]))  # (T, n_v_heads)
+    qkv, z, beta, alpha = b.matmuls(x, [w[p + name + ".weight"] for name in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")])
+    # qkv (T, 2 * key_dim + value_dim); z (T, value_dim) the output gate; beta, alpha (T, n_v_heads)
+    beta = b.sigmoid(beta)                                                 # (T, n_v_heads) write strength
+    dt = b.softplus(b.add(alpha, w[p + "ssm_dt.bias"]))                    # (T, n_v_heads)
     # The file stores ssm_a = -exp(A_log), so this is the log of each head's decay, <= 0.
     g = b.mul(dt, w[p + "ssm_a"])                                          # (T, n_v_heads)
 

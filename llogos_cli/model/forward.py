@@ -12,7 +12,7 @@ import numpy as np
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import GGUFFile
-from llogos_cli.model import deltanet
+from llogos_cli.model import deltanet, shortconv
 from llogos_cli.model.config import ModelConfig
 
 
@@ -46,7 +46,7 @@ class Model:
         kv = [None if c.recurrent[il] else
               self.b.kv_cache(n, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
               for il in range(c.n_layer)]
-        state = [deltanet.new_state(self.b, c, n) if c.recurrent[il] else None for il in range(c.n_layer)]
+        state = [self._recurrent.new_state(self.b, c, n) if c.recurrent[il] else None for il in range(c.n_layer)]
         return Cache(n_slots, n_ctx, kv, state)
 
     def new_context(self, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> "Context":
@@ -60,27 +60,36 @@ class Model:
         c, b, w = self.cfg, self.b, self.w
         layout = b.batch_layout(batch.slots, batch.pos)
 
+        factors = self._rope_factors(cache.n_ctx)                       # (rope_dims / 2,) or None
         x = b.embed(w["token_embd.weight"], batch.tokens)               # (T, n_embd)
         if c.embed_scale != 1.0:
             x = b.scale(x, c.embed_scale)                               # (T, n_embd)
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps)      # (T, n_embd)
-            h = (deltanet.block(b, c, w, p, h, cache.state[il], layout) if c.recurrent[il]
-                 else self._attention(il, p, h, batch.pos, cache.kv[il], layout))  # (T, n_embd)
-            if c.post_norms:
-                h = b.rmsnorm(h, w[p + "post_attention_norm.weight"], c.norm_eps)  # (T, n_embd)
-            x = b.add(x, h)                                             # (T, n_embd)
-            h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps)  # (T, n_embd)
+            h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
+            h = (self._recurrent.block(b, c, w, p, h, cache.state[il], layout) if c.recurrent[il]
+                 else self._attention(il, p, h, batch.pos, cache.kv[il], layout, factors))  # (T, n_embd)
+            x = self._residual(p + "post_attention_norm.weight", x, h)  # (T, n_embd)
+            h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
             h = self._ffn(p, h)                                         # (T, n_embd)
-            if c.post_norms:
-                h = b.rmsnorm(h, w[p + "post_ffw_norm.weight"], c.norm_eps)  # (T, n_embd)
-            x = b.add(x, h)                                             # (T, n_embd)
+            x = self._residual(p + "post_ffw_norm.weight", x, h)        # (T, n_embd)
 
         if len(batch.logits) < len(batch.tokens):   # a gather inside a captured decode graph would not replay
             x = x[batch.logits]                                         # (T', n_embd)
-        x = b.rmsnorm(x, w["output_norm.weight"], c.norm_eps)           # (T', n_embd)
-        return b.matmul(x, w[c.output])                                 # (T', n_vocab)
+        x = b.rmsnorm(x, w[c.output_norm], c.norm_eps)                  # (T', n_embd)
+        logits = b.matmul(x, w[c.output])                               # (T', n_vocab)
+        if c.logit_scale != 1.0:
+            logits = b.scale(logits, c.logit_scale)                     # (T', n_vocab)
+        return b.softcap(logits, c.final_softcap) if c.final_softcap else logits  # (T', n_vocab)
+
+    def _residual(self, post_norm: str, x, h):
+        """x + h, h first normed (post_norms) and scaled (residual_scale) as the family does."""
+        c, b = self.cfg, self.b
+        if c.post_norms:
+            h = b.rmsnorm(h, self.w[post_norm], c.norm_eps)
+        if c.residual_scale != 1.0:
+            h = b.scale(h, c.residual_scale)
+        return b.add(x, h)
 
     def forward_rows(self, cache: "Cache", tokens, slots, pos):
         """Decode rows, one token each (what a backend's decoder steps): -> logits (R, n_vocab)."""
@@ -98,40 +107,81 @@ class Model:
         ctx.n_past += T
         return logits
 
-    def _attention(self, il: int, p: str, x, pos: np.ndarray, kv, layout):
+    @property
+    def _recurrent(self):
+        """The module of this family's recurrent layers: LFM2's short convolutions or Gated DeltaNet."""
+        return shortconv if self.cfg.conv_kernel else deltanet
+
+    def _rope_factors(self, n_ctx: int):
+        """Each rotated pair's frequency divisor, or None: Llama 3.1+'s rope_freqs, or Phi-3's long-context
+        factors for contexts past the trained one and its short ones otherwise, as llama.cpp chooses."""
+        w = self.w
+        if "rope_freqs.weight" in w:
+            return w["rope_freqs.weight"]
+        return w.get("rope_factors_long.weight" if n_ctx > self.cfg.n_ctx_orig else "rope_factors_short.weight")
+
+    def _attention(self, il: int, p: str, x, pos: np.ndarray, kv, layout, factors):
         c, b, w = self.cfg, self.b, self.w
         T = x.shape[0]
-        q = self._linear(p + "attn_q", x)                  # (T, n_head * dk), doubled when gated
-        k = self._linear(p + "attn_k", x)                  # (T, n_head_kv * dk)
-        v = self._linear(p + "attn_v", x)                  # (T, n_head_kv * dv)
+        if c.fused_qkv:
+            qkv = self._linear(p + "attn_qkv", x)          # (T, (n_head + n_head_kv) * dk + n_head_kv * dv)
+            q_end = c.n_head * c.head_dim_k
+            k_end = q_end + c.n_head_kv * c.head_dim_k
+            q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
+        else:
+            q, k, v = self._linears([p + "attn_q", p + "attn_k", p + "attn_v"], x)
+            # q (T, n_head * dk), doubled when gated; k (T, n_head_kv * dk); v (T, n_head_kv * dv)
+        if c.qk_norm == "all":   # over each token's whole projection (OLMo 2)
+            q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)  # (T, n_head * dk)
+            k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)  # (T, n_head_kv * dk)
         if c.attn_gate:   # each head's query is followed by its output gate
             qg = q.reshape(T, c.n_head, 2 * c.head_dim_k)
             q, gate = qg[..., :c.head_dim_k], qg[..., c.head_dim_k:]    # (T, n_head, dk) each
         q = q.reshape(T, c.n_head, c.head_dim_k)           # (T, n_head, dk)
         k = k.reshape(T, c.n_head_kv, c.head_dim_k)        # (T, n_head_kv, dk)
         v = v.reshape(T, c.n_head_kv, c.head_dim_v)        # (T, n_head_kv, dv)
-        if c.qk_norm:
+        if c.qk_norm == "head":
             q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)  # (T, n_head, dk)
             k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)  # (T, n_head_kv, dk)
-        factors = w.get("rope_freqs.weight")              # (rope_dims / 2,) Llama 3.1+ long-context scaling
-        q = b.rope(q, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)  # (T, n_head, dk)
-        k = b.rope(k, pos, c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors)  # (T, n_head_kv, dk)
+        if c.rope_layers[il]:
+            rope = (c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors, c.rope_attn_factor)
+            q = b.rope(q, pos, *rope)                     # (T, n_head, dk)
+            k = b.rope(k, pos, *rope)                     # (T, n_head_kv, dk)
         b.kv_store(kv, k, v, layout)
-        o = b.attention(q, kv, layout, c.attn_scale, c.window[il])      # (T, n_head, dv)
+        o = b.attention(q, kv, layout, c.attn_scale, c.window[il], c.attn_softcap)  # (T, n_head, dv)
         if c.attn_gate:
             o = b.mul(o, b.sigmoid(gate))                 # (T, n_head, dv)
         return b.matmul(o.reshape(T, c.n_head * c.head_dim_v), w[p + "attn_output.weight"])
 
     def _ffn(self, p: str, x):
-        b, w = self.b, self.w
-        gate = b.matmul(x, w[p + "ffn_gate.weight"])       # (T, n_ff)
-        up = b.matmul(x, w[p + "ffn_up.weight"])           # (T, n_ff)
+        b, w, n_ff = self.b, self.w, self.cfg.n_ff
+        if self.cfg.n_expert:
+            return self._experts(p, x)
+        if self.cfg.fused_ffn:
+            gate_up = b.matmul(x, w[p + "ffn_up.weight"])  # (T, 2 * n_ff)
+            gate, up = gate_up[:, :n_ff], gate_up[:, n_ff:]  # (T, n_ff) each
+        else:
+            gate, up = b.matmuls(x, [w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]])  # (T, n_ff) each
         return b.matmul(b.glu(gate, up, self.cfg.gelu_ffn), w[p + "ffn_down.weight"])  # (T, n_embd)
 
+    def _experts(self, p: str, x):
+        """Mixture of experts: each token through the n_expert_used experts its router picks, their
+        outputs weighted by the router's renormalised probabilities."""
+        c, b, w = self.cfg, self.b, self.w
+        experts, weights = b.route(b.matmul(x, w[p + "ffn_gate_inp.weight"]), c.n_expert_used)  # (T, k) each
+        gate = b.matmul_experts(x, w[p + "ffn_gate_exps.weight"], experts, c.n_expert)  # (T, k, n_ff_exp)
+        up = b.matmul_experts(x, w[p + "ffn_up_exps.weight"], experts, c.n_expert)      # (T, k, n_ff_exp)
+        h = b.glu(gate, up, c.gelu_ffn)                                                  # (T, k, n_ff_exp)
+        return b.matmul_experts(h, w[p + "ffn_down_exps.weight"], experts, c.n_expert, weights)  # (T, n_embd)
+
     def _linear(self, name: str, x):
-        y = self.b.matmul(x, self.w[name + ".weight"])
-        bias = self.w.get(name + ".bias")
-        return y if bias is None else self.b.add(y, bias)
+        return self._linears([name], x)[0]
+
+    def _linears(self, names: list[str], x) -> list:
+        """x through each named projection (its weight, then its bias if the file has one)."""
+        ys = self.b.matmuls(x, [self.w[name + ".weight"] for name in names])
+        biases = [self.w.get(name + ".bias") for name in names]
+        return [y if bias is None else self.b.add(y, bias) for y, bias in zip(ys, biases)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +232,15 @@ class Cache:
             if s is not None:
                 for f in dataclasses.fields(s):
                     getattr(s, f.name)[slot] = 0
+
+    def copy_positions(self, slot: int, pos: int, src: "Cache", src_slot: int, src_pos: int, n: int) -> None:
+        """Copy the attention layers' KV of n positions from src's slot into this cache's slot, in
+        place (a captured CUDA graph keeps reading these arrays). Both caches are the same model's
+        with the same types; every backend lays a layer's KV out as (slot, head, position, ...)."""
+        for mine, theirs in zip(self.kv, src.kv):
+            if mine is not None:
+                mine.k[slot, :, pos:pos + n] = theirs.k[src_slot, :, src_pos:src_pos + n]
+                mine.v[slot, :, pos:pos + n] = theirs.v[src_slot, :, src_pos:src_pos + n]
 
     def snapshot(self, slot: int) -> list:
         """A copy of slot's recurrent state (its size does not grow with the context)."""

@@ -25,6 +25,9 @@ F32_HEADROOM = 0.5
 # ...and only for models this small (weights used in products): past it, decode reads 4 bytes a
 # weight from memory on the float32 path, slower than the quantized kernels (see docs/PERF.md).
 F32_MAX_WEIGHTS = 200_000_000
+# The prefix cache's pool takes at most this share of the memory left after loading (on the CPU
+# it is paged in only as blocks fill; on a GPU it is allocated at start).
+PREFIX_CACHE_SHARE = 0.5
 PREFILL_BATCH = 512      # tokens a prefill step holds activations for (engine.generation's batch)
 QUERY_CHUNK = 256        # query rows whose attention scores the CPU holds at once
 # Bytes per cached element: the CPU holds q8_0 entries as float32 after rounding, CUDA packs them.
@@ -66,16 +69,29 @@ def need(f: GGUFFile, cfg: ModelConfig, held: str, n_ctx: int, type_k: str, type
          n_slots: int = 1) -> Need:
     """Memory for the weights as `held` (see weight_bytes) and n_slots sequences of n_ctx tokens."""
     device = "cuda" if held == "cuda" else "cpu"
-    n_attn = cfg.n_layer - sum(cfg.recurrent)
-    per_position = cfg.n_head_kv * (cfg.head_dim_k * _KV_BYTES[device][type_k]
-                                    + cfg.head_dim_v * _KV_BYTES[device][type_v])
-    kv = int(n_slots * n_ctx * n_attn * per_position)
+    kv = int(n_slots * n_ctx * kv_bytes_per_position(cfg, device, type_k, type_v))
     state = 4 * n_slots * sum(cfg.recurrent) * (cfg.ssm.state_floats if cfg.ssm else 0)
     batch = min(n_ctx, PREFILL_BATCH)
     activations = batch * (6 * cfg.n_embd + 3 * cfg.n_ff + cfg.n_head * (cfg.head_dim_k + cfg.head_dim_v))
     scores = cfg.n_head * min(batch, QUERY_CHUNK) * n_ctx
     logits = batch * cfg.n_vocab
     return Need(weight_bytes(f, cfg, held), kv, state, 4 * (activations + scores + logits))
+
+
+def kv_bytes_per_position(cfg: ModelConfig, device: str, type_k: str, type_v: str) -> float:
+    """Bytes one token's keys and values take in every attention layer's cache, on "cpu" or "cuda"."""
+    n_attn = cfg.n_layer - sum(cfg.recurrent)
+    return n_attn * cfg.n_head_kv * (cfg.head_dim_k * _KV_BYTES[device][type_k]
+                                     + cfg.head_dim_v * _KV_BYTES[device][type_v])
+
+
+def prefix_cache_blocks(cfg: ModelConfig, device: str, type_k: str, type_v: str, block_size: int,
+                        limit: int) -> int:
+    """Blocks the prefix cache's pool may hold: within `limit` bytes (--cache-ram) and within
+    PREFIX_CACHE_SHARE of the memory available now, once the model and its slots have theirs."""
+    available = gpu_available() if device == "cuda" else host_available()
+    per_block = block_size * kv_bytes_per_position(cfg, device, type_k, type_v)
+    return int(min(limit, PREFIX_CACHE_SHARE * available) // per_block) if per_block else 0
 
 
 def host_available() -> int:

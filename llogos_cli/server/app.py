@@ -134,7 +134,7 @@ async def _answer(hub: Hub, service: Service, prepared: Prepared, body, renderer
         raise ApiError(503, "the server is busy: every slot is taken and the queue is full", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     renderer = renderer_class(req.id, hub.model_id, service.tokenizer, prepared.n_top, len(req.prompt),
-                              body.include_usage)
+                              body.include_usage, prepared.tools, prepared.parallel_tool_calls)
     accepted = await _until_disconnect(events.get(), request)
     if isinstance(accepted, LlogosError):
         raise _failure(accepted) if isinstance(accepted, ShuttingDown) else ApiError(400, str(accepted))

@@ -91,11 +91,11 @@ class EngineThread:
                 if self._events.pop(rid, None) is not None:
                     self.engine.cancel(rid)
                     self._release()
-            generated = prompt = 0
+            generated = prompt = cached = 0
             if not self.engine.idle:
-                step, generated, prompt = self._step()
+                step, generated, prompt, cached = self._step()
                 out += step
-            self.metrics.step(generated, prompt, len(self.engine.scheduler.running), self.engine.n_waiting)
+            self.metrics.step(generated, prompt, cached, len(self.engine.scheduler.running), self.engine.n_waiting)
             if out:
                 self._loop.call_soon_threadsafe(_deliver, out)
             if self.engine.idle:
@@ -126,8 +126,9 @@ class EngineThread:
         self._events.clear()
         return out
 
-    def _step(self) -> tuple[list, int, int]:
-        """One engine step: the events for the loop, tokens generated, prompt tokens of finished requests."""
+    def _step(self) -> tuple[list, int, int, int]:
+        """One engine step: the events for the loop, tokens generated, and the prompt tokens of
+        finished requests, all and those taken from the prefix cache."""
         try:
             updates = self.engine.step()
         except Exception as e:   # a bug or out of memory: fail what is in flight, keep serving the next ones
@@ -139,8 +140,8 @@ class EngineThread:
                 self.engine.cancel(rid)
                 self._release()
             self._events.clear()
-            return failed, 0, 0
-        out, generated, prompt = [], 0, 0
+            return failed, 0, 0, 0
+        out, generated, prompt, cached = [], 0, 0, 0
         for u in updates:
             events = self._events.get(u.id)
             if events is None:
@@ -149,10 +150,11 @@ class EngineThread:
                 generated += 1
             if u.result is not None:
                 prompt += u.result.timings.prompt_n
+                cached += u.result.prefix_hit
                 del self._events[u.id]
                 self._release()
             out.append((events, u))
-        return out, generated, prompt
+        return out, generated, prompt, cached
 
 
 def _deliver(out: list) -> None:

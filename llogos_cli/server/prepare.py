@@ -9,19 +9,19 @@ import secrets
 from dataclasses import dataclass, replace
 
 from llogos_cli.engine.batch import Request
-from llogos_cli.engine.conversation import ChatFormat, Message
+from llogos_cli.engine.conversation import ChatFormat
+from llogos_cli.engine.grammar import Grammar, Matcher
 from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.server.errors import ApiError
+from llogos_cli.server import tool_calls, tool_prompt
 from llogos_cli.server.schemas import ChatCompletionRequest, CompletionRequest
 
 # Request fields -> SamplingParams fields.
 _SAMPLING = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
              "repeat_penalty": "repeat_penalty", "seed": "seed"}
-# OpenAI's newer name for the system message, which chat templates do not know.
-_ROLES = {"developer": "system"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,8 @@ class Defaults:
 class Prepared:
     request: Request
     n_top: int | None                  # top log-probabilities to report; None: none at all
+    tools: frozenset[str] = frozenset()   # functions whose calls the reply is searched for
+    parallel_tool_calls: bool = True
 
 
 def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None, defaults: Defaults,
@@ -42,14 +44,58 @@ def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None
     if chat is None:
         raise ApiError(400, "the model has no chat template; start the server with --chat-template NAME "
                        "or use /v1/completions", code="no_chat_template")
+    tools = [t.function.model_dump(exclude_none=True) for t in body.tools or ()]
+    choice = body.tool_choice or ("auto" if tools else "none")
+    if choice != "none" and not tools:
+        raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+    if choice == "none":
+        tools = []
+    elif not isinstance(choice, str):
+        tools = [t for t in tools if t["name"] == choice.function.name]
+        if not tools:
+            raise ApiError(400, f"tool_choice names '{choice.function.name}', which is not among the tools",
+                           param="tool_choice")
+    messages = tool_prompt.template_messages(body.messages, tools, chat.template.source)
     try:
-        text = chat.text([Message(_ROLES.get(m.role, m.role), m.text) for m in body.messages])
+        text = chat.text(messages, [{"type": "function", "function": t} for t in tools] or None)
     except LlogosError as e:
         raise ApiError(400, str(e), code="template_error") from None
     ids = _encode(tokenizer, text, add_bos=False)
     criteria = StopCriteria(stop_strings=body.stops + chat.stop_strings(), ignore_eos=body.ignore_eos,
                             stop_ids=chat.stop_ids())
-    return _prepared("chatcmpl", body, ids, criteria, defaults, n_ctx)
+    if choice in ("none", "auto"):
+        grammar = _response_format(body)
+    else:   # "required" or a named function: the reply is one call, whatever the model would rather say
+        grammar = _grammar(lambda: Grammar.json_schema(tool_calls.call_schema(tools), lenient=True), "tools")
+    prepared = _prepared("chatcmpl", body, ids, criteria, defaults, n_ctx, tokenizer, grammar)
+    return replace(prepared, tools=frozenset(t["name"] for t in tools), parallel_tool_calls=body.parallel_tool_calls)
+
+
+def _response_format(body) -> Grammar | None:
+    """The constraint a request's response_format, json_schema or grammar asks for."""
+    fmt = getattr(body, "response_format", None)
+    asked = [name for name, given in (("response_format", fmt is not None and fmt.type != "text"),
+                                      ("json_schema", body.json_schema is not None),
+                                      ("grammar", body.grammar is not None)) if given]
+    if len(asked) > 1:
+        raise ApiError(400, f"give one of {' and '.join(asked)}, not both", param=asked[1])
+    if not asked:
+        return None
+    if asked[0] == "grammar":
+        return _grammar(lambda: Grammar.gbnf(body.grammar), "grammar")
+    if asked[0] == "json_schema":
+        return _grammar(lambda: Grammar.json_schema(body.json_schema), "json_schema")
+    if fmt.type == "json_object":
+        return Grammar.json_object()
+    schema = fmt.json_schema.schema_
+    return _grammar(lambda: Grammar.json_schema(schema if schema is not None else {}), "response_format")
+
+
+def _grammar(make, param: str):
+    try:
+        return make()
+    except LlogosError as e:
+        raise ApiError(400, str(e), param=param, code="invalid_schema") from None
 
 
 def prepare_completion(body: CompletionRequest, tokenizer, defaults: Defaults, n_ctx: int) -> Prepared:
@@ -62,7 +108,7 @@ def prepare_completion(body: CompletionRequest, tokenizer, defaults: Defaults, n
             raise ApiError(400, f"prompt token id {bad} is out of range (the vocabulary has {tokenizer.n_vocab} "
                            "tokens)", param="prompt")
     criteria = StopCriteria(stop_strings=body.stops, ignore_eos=body.ignore_eos)
-    return _prepared("cmpl", body, ids, criteria, defaults, n_ctx)
+    return _prepared("cmpl", body, ids, criteria, defaults, n_ctx, tokenizer, _response_format(body))
 
 
 def _encode(tokenizer, text: str, add_bos: bool | None) -> list[int]:
@@ -72,7 +118,8 @@ def _encode(tokenizer, text: str, add_bos: bool | None) -> list[int]:
         raise ApiError(400, str(e)) from None
 
 
-def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults: Defaults, n_ctx: int) -> Prepared:
+def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults: Defaults, n_ctx: int,
+              tokenizer, grammar: Grammar | None = None) -> Prepared:
     if not ids:
         raise ApiError(400, "the prompt is empty after tokenization")
     if len(ids) > n_ctx:
@@ -84,17 +131,31 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
                        f"context {n_ctx}, leaving {n_ctx - len(ids)}", code="context_length_exceeded",
                        param="max_tokens")
     overrides = {field: getattr(body, name) for name, field in _SAMPLING.items() if getattr(body, name) is not None}
+    if body.logit_bias:
+        overrides["logit_bias"] = _logit_bias(body.logit_bias, tokenizer.n_vocab)
     if overrides.get("seed") == DRAW_SEED:   # a random one, even over the server's --seed, as llama-server does
         overrides["seed"] = None
     try:
         params = replace(defaults.params, **overrides)
     except LlogosError as e:
         raise ApiError(400, str(e)) from None
+    if grammar is not None:   # compiled here, off the engine's thread; the engine's row copies it
+        _grammar(lambda: Matcher(grammar, tokenizer), "response_format")
     n_top = body.n_top
     # Unique across requests and restarts, as OpenAI's are: clients and logs may key on them.
     request = Request(f"{kind}-{secrets.token_hex(12)}", ids, params, replace(criteria, n_predict=n_predict),
-                      _engine_logprobs(n_top, params))
+                      _engine_logprobs(n_top, params), grammar)
     return Prepared(request, n_top)
+
+
+def _logit_bias(biases: dict[str, float], n_vocab: int) -> tuple[tuple[int, float], ...]:
+    pairs = []
+    for key, bias in biases.items():
+        if not (key.isdigit() and int(key) < n_vocab):
+            raise ApiError(400, f"logit_bias: '{key}' is not a token id of this model (0..{n_vocab - 1})",
+                           param="logit_bias")
+        pairs.append((int(key), bias))
+    return tuple(pairs)
 
 
 def _engine_logprobs(n_top: int | None, params: SamplingParams) -> int:

@@ -5,7 +5,7 @@ coerced ("5" is not 5, true is not 1, NaN is no temperature), so a client's typo
 change what runs. Responses are plain models whose JSON is what the `openai` client parses.
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -30,13 +30,81 @@ class TextPart(_Strict):
     text: str
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]   # OpenAI's rule for function names
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str                            # a JSON object, as text
+
+
+class MessageToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]   # OpenAI's; "developer" is its new "system"
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None    # an assistant's earlier calls
+    tool_call_id: str | None = None                    # a tool message: the call it answers
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant message with tool_calls may leave it out)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionDef(_Strict):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    name: FunctionName
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema goes with type \"json_schema\", and only with it")
+        return self
 
 
 Count = Annotated[int, Field(ge=-1)]   # -1: until end of generation or a full context
@@ -61,6 +129,9 @@ class _Generation(_Strict):
     ignore_eos: bool = False
     n: Literal[1] = 1                         # one choice per request
     user: str | None = None                   # accepted for OpenAI clients that send it; unused
+    json_schema: dict[str, Any] | None = None  # llama-server's: constrain the output to this schema
+    grammar: str | None = None                # llama-server's: constrain the output to this GBNF grammar
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None   # token id -> bias
 
     @property
     def limit(self) -> int | None:
@@ -88,6 +159,10 @@ class ChatCompletionRequest(_Generation):
     max_completion_tokens: Count | None = None   # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
@@ -112,10 +187,15 @@ class CompletionRequest(_Generation):
 
 # --------------------------------------------------------------------------------------- responses
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int   # prompt tokens taken from the prefix cache instead of evaluated
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class TopLogprob(BaseModel):
@@ -132,9 +212,35 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class _Sparse(BaseModel):
+    @model_serializer(mode="wrap")
+    def _leave_out_none(self, handler):
+        # A chunk carries only what it adds: OpenAI omits the role after the first chunk, never nulls it.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_made(self, handler):
+        body = handler(self)
+        if body.get("tool_calls") is None:
+            body.pop("tool_calls", None)
+        return body
 
 
 class ChatChoice(BaseModel):
@@ -153,14 +259,22 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
-class ChatDelta(BaseModel):
+class FunctionDelta(_Sparse):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Sparse):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta | None = None
+
+
+class ChatDelta(_Sparse):
     role: Literal["assistant"] | None = None
     content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _leave_out_none(self, handler):
-        # A chunk carries only what it adds: OpenAI omits the role after the first chunk, never nulls it.
-        return {k: v for k, v in handler(self).items() if v is not None}
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

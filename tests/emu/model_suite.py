@@ -18,13 +18,17 @@ from tests.conftest import FIXTURES, need
 
 MODELS = ["tiny-llama-f32", "tiny-llama-q8_0", "tiny-qwen2-q8_0", "tiny-qwen3-f32", "tiny-gemma3-q8_0",
           "tiny-qwen35-f32"]
+# The families whose fixtures the repository carries (tests/fixtures, see tests/test_model_families.py).
+FAMILY_MODELS = ["tiny-gemma2-f32", "tiny-gemma2-q8_0", "tiny-phi3-q8_0", "tiny-phi3-longrope-q8_0", "tiny-granite-q8_0",
+                 "tiny-olmo2-q8_0", "tiny-smollm3-q8_0", "tiny-lfm2-q8_0", "tiny-qwen3moe-f32", "tiny-qwen3moe-q8_0"]
+REPO_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # Both backends round cache entries identically, but activations an f32 rounding apart can round
 # to neighbouring f16 values: with f16 caches the two agree to about an f16 step.
 CACHE_TOLERANCE = {"f32": 2e-5, "f16": 5e-4}
 
 
 def model_pair(name: str, backend) -> tuple[Model, Model]:
-    f = GGUFFile(need(FIXTURES / f"{name}.gguf"))
+    f = GGUFFile(REPO_FIXTURES / f"{name}.gguf" if name in FAMILY_MODELS else need(FIXTURES / f"{name}.gguf"))
     return Model(f, NumpyBackend()), Model(f, backend)
 
 
@@ -40,7 +44,7 @@ def relative(got, want) -> float:
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + FAMILY_MODELS)
 @pytest.mark.parametrize("cache", CACHE_TOLERANCE)
 def test_model_logits_match_the_cpu_backend(backend, name, cache):
     cpu, gpu = model_pair(name, backend)
@@ -64,7 +68,7 @@ def batched_steps(n_vocab: int) -> list[Batch]:
                         Batch.run(ids[32:33], 0, 6, [0])])]
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + FAMILY_MODELS)
 def test_batched_steps_match_the_cpu_backend(backend, name):
     cpu, gpu = model_pair(name, backend)
     c_cache, g_cache = cpu.new_cache(3, 32, "f32", "f32"), gpu.new_cache(3, 32, "f32", "f32")
@@ -109,7 +113,8 @@ def prefilled_caches(gpu, n: int, prompts: list[np.ndarray]) -> list:
     return caches
 
 
-@pytest.mark.parametrize("name", ["tiny-llama-f32", "tiny-qwen3-f32", "tiny-gemma3-q8_0", "tiny-qwen35-f32"])
+@pytest.mark.parametrize("name", ["tiny-llama-f32", "tiny-qwen3-f32", "tiny-gemma3-q8_0", "tiny-qwen35-f32",
+                                  "tiny-gemma2-q8_0", "tiny-phi3-longrope-q8_0", "tiny-lfm2-q8_0", "tiny-qwen3moe-q8_0"])
 def test_decoder_replays_eager_decoding(backend, name):
     """Steps of 3 rows (bucket 4: a padding row), then 2 (bucket 2), replayed at later positions with
     the slots in other orders, equal to the same rows run eagerly."""

@@ -12,32 +12,22 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 
+from bench.synthetic_gguf import random_rows
 from llogos_cli.backends import cuda_attention, cuda_matmul, cuda_ops
 from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
-from tests.conftest import FIXTURES, need
+from tests.conftest import FIXTURES, need, relative_error
 
-WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
-# Byte offsets of the float16 scale fields in each block type (ggml-common.h).
-_SCALE_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
-                 T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
+                T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]
 CPU = NumpyBackend()
 
 
 def random_weights(rng, qtype: T, rows: int, cols: int) -> np.ndarray:
-    """Random GGUF bytes (rows, bytes per row): every quant bit pattern, finite float16 scales."""
-    if qtype in (T.F32, T.F16):
-        return rng.standard_normal((rows, cols)).astype(np.float32 if qtype == T.F32 else np.float16).view(np.uint8)
-    if qtype == T.BF16:
-        return (rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    block, size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    for offset in _SCALE_FIELDS[qtype]:
-        scales = (rng.uniform(0.5, 1.5, raw.shape[:2]) * rng.choice([-1, 1], raw.shape[:2]) / 64).astype(np.float16)
-        raw[:, :, offset:offset + 2] = scales[..., None].view(np.uint8)
-    return raw.reshape(rows, -1)
+    """Random GGUF bytes (rows, bytes per row): every quant bit pattern, finite scales, weights ~1."""
+    return random_rows(qtype, rows, cols, rng, scale=1.0)
 
 
 def reference(raw: np.ndarray, qtype: T) -> np.ndarray:
@@ -108,6 +98,28 @@ def test_matmul(backend, qtype, n_tok):
     _check_product(backend, qtype, n_tok)
 
 
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_route_and_matmul_experts(backend, qtype):
+    """A mixture-of-experts layer's ops: 9 tokens routed to 3 of 6 experts (ties included), through
+    stacked expert matrices; the same routing, products and weighted sums as the CPU backend."""
+    rng = np.random.default_rng(15)
+    n_expert, k, out, cols, n_tok = 6, 3, 40, 256, 9
+    logits = rng.standard_normal((n_tok, n_expert)).astype(np.float32)
+    logits[0, 2] = logits[0, 4]   # a tie: the lower index first, on both backends
+    experts, weights = backend.route(backend.xp.asarray(logits), k)
+    want_experts, want_weights = CPU.route(logits, k)
+    np.testing.assert_array_equal(host(backend, experts), want_experts)
+    assert_close(host(backend, weights), want_weights, rtol=1e-6)
+    raw = random_weights(rng, qtype, n_expert * out, cols)
+    w, cpu_w = backend.matrix(raw, qtype, matmul=True), CPU.matrix(raw, qtype, matmul=True)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    got = host(backend, backend.matmul_experts(backend.xp.asarray(x), w, experts, n_expert))
+    assert_close(got, CPU.matmul_experts(x, cpu_w, want_experts, n_expert), rtol=1e-5)
+    per_pair = rng.standard_normal((n_tok, k, cols)).astype(np.float32)   # a down product: one input per pair
+    got = host(backend, backend.matmul_experts(backend.xp.asarray(per_pair), w, experts, n_expert, weights))
+    assert_close(got, CPU.matmul_experts(per_pair, cpu_w, want_experts, n_expert, want_weights), rtol=1e-5)
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.BF16], ids=lambda t: t.name)
 def test_matmul_dequantizes_in_row_chunks(backend, qtype):
     cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
@@ -116,7 +128,10 @@ def test_matmul_dequantizes_in_row_chunks(backend, qtype):
 
 def test_plain_matrices_need_rows_of_four(backend):
     with pytest.raises(LlogosError, match="multiple of 4"):
-        backend.matrix(np.zeros((2, 6 * 4), np.uint8), T.F32, matmul=True)
+        backend.matrix(np.zeros((2, 34 * 4), np.uint8), T.F32, matmul=True)
+    # Shorter rows are a convolution kernel's (LFM2's are 3 wide), held as float32 for ssm_conv.
+    kernel = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(host(backend, backend.matrix(kernel.view(np.uint8), T.F32, matmul=True)), kernel)
 
 
 # ------------------------------------------------------------------ elementwise and norms
@@ -146,6 +161,8 @@ def test_rope(backend, neox, dims):
     factors = rng.uniform(1.0, 8.0, dims // 2).astype(np.float32)  # Llama 3-style rope_freqs
     got = backend.rope(backend.xp.asarray(x), pos, dims, 1e6, 0.25, neox, backend.xp.asarray(factors))
     assert_close(host(backend, got), CPU.rope(x, pos, dims, 1e6, 0.25, neox, factors), rtol=2e-6)
+    got = backend.rope(backend.xp.asarray(x), pos, dims, 1e6, 0.25, neox, backend.xp.asarray(factors), 1.2)  # Phi-3's
+    assert_close(host(backend, got), CPU.rope(x, pos, dims, 1e6, 0.25, neox, factors, 1.2), rtol=2e-6)
 
 
 @pytest.mark.parametrize("gelu", [False, True])
@@ -177,6 +194,13 @@ def test_scale_and_sigmoid(backend):
     x = np.random.default_rng(9).standard_normal((3, 333)).astype(np.float32) * 10
     np.testing.assert_array_equal(host(backend, backend.scale(backend.xp.asarray(x), 0.3)), CPU.scale(x, 0.3))
     assert_close(host(backend, backend.sigmoid(backend.xp.asarray(x))), CPU.sigmoid(x), rtol=1e-6)
+
+
+def test_softcap(backend):
+    x = np.random.default_rng(14).standard_normal((3, 333)).astype(np.float32) * 10
+    got = host(backend, backend.softcap(backend.xp.asarray(x), 3.0))
+    assert_close(got, CPU.softcap(x, 3.0), rtol=1e-6)
+    assert np.abs(got).max() <= 3.0
 
 
 @pytest.mark.parametrize("op", ["silu", "softplus"])
@@ -247,13 +271,15 @@ def test_softmax_lengths(backend):
     rng = np.random.default_rng(10)
     x = rng.standard_normal((6, 1100)).astype(np.float32) * 3
     lengths = np.array([1, 5, 1100, 0, 700, 64], np.int32)
-    for window in (0, 50):
+    for window, softcap in ((0, 0.0), (50, 0.0), (50, 1.5)):
         got = host(backend, cuda_ops.softmax_lengths(backend.k, backend.xp.asarray(x), backend.xp.asarray(lengths),
-                                                     window, 0.5))
+                                                     window, 0.5, softcap))
         want = np.zeros_like(x)
         for r, n in enumerate(lengths):
             lo = max(0, n - window) if window else 0
-            e = np.exp(x[r, lo:n] * 0.5 - (x[r, lo:n] * 0.5).max(initial=-np.inf))
+            s = x[r, lo:n] * 0.5
+            s = softcap * np.tanh(s / softcap) if softcap else s
+            e = np.exp(s - s.max(initial=-np.inf))
             want[r, lo:n] = e / e.sum()
         assert_close(got, want, rtol=1e-6)
 
@@ -296,6 +322,21 @@ def test_kv_store_and_attention(backend, type_k, type_v, runs, window):
     q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
     got = backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window)
     assert_close(host(backend, got), CPU.attention(q, caches[0], cpu_layout, 0.125, window), rtol=2e-5)
+
+
+@pytest.mark.parametrize("runs", ATTENTION_BATCHES.values(), ids=ATTENTION_BATCHES)
+def test_attention_soft_caps_scores(backend, runs):
+    """Gemma 2's cap, on both of the CUDA paths (fused, GEMM + softmax_lengths); a cap of 1 bounds
+    these scores (about unit size) hard enough to change every output."""
+    rng = np.random.default_rng(13)
+    n_slots, n_ctx, n_kv, n_head, dk, dv = 5, 64, 2, 4, 32, 32
+    caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, "f32", "f16") for b in (CPU, backend)]
+    _store(backend, caches, rng, [(slot, 0, n) for slot, n in HISTORY.items() if n], n_kv, dk, dv)
+    cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
+    q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
+    want = CPU.attention(q, caches[0], cpu_layout, 0.25, 7, 1.0)
+    assert_close(host(backend, backend.attention(backend.xp.asarray(q), caches[1], layout, 0.25, 7, 1.0)), want, rtol=2e-5)
+    assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, 7), want) > 1e-2
 
 
 def test_kv_store_rejects_writes_outside_the_cache(backend):

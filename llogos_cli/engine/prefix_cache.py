@@ -1,0 +1,104 @@
+"""Which blocks of cached KV hold which prompt prefixes: the block manager of prefix caching.
+
+Tokens are cut into blocks of BLOCK_SIZE. A full block is named by a hash chain, the digest of
+its tokens and of its parent's digest, so two prompts share a block only when they agree on every
+token up to its end. Blocks are reference-counted while rows use them; a block nobody uses keeps
+its contents and its name on an LRU list, so a later prompt can still hit it, until a new block
+needs its room (least recently used first). This module only keeps the books: the KV data lives
+in the runner's pool, one pool entry per block id.
+"""
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+BLOCK_SIZE = 16   # tokens per block: small enough that a prompt diverging mid-block loses little
+CACHE_RAM_MIB = 1024   # what the pool may hold by default (--cache-ram)
+ROOT = b""        # the parent digest of a prompt's first block
+
+
+def block_hash(parent: bytes, tokens) -> bytes:
+    """The name of a full block: its tokens and, through parent, everything before them."""
+    return hashlib.blake2b(parent + np.asarray(tokens, np.int64).tobytes(), digest_size=16).digest()
+
+
+@dataclass(slots=True)
+class Block:
+    id: int
+    digest: bytes = ROOT      # ROOT: holds nothing cached yet
+    refs: int = 0
+
+
+class BlockManager:
+    def __init__(self, n_blocks: int, block_size: int = BLOCK_SIZE):
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(n_blocks)]
+        self._by_digest: dict[bytes, Block] = {}
+        self._unused: OrderedDict[int, Block] = OrderedDict()   # refs 0, least recently used first
+        for block in self.blocks:
+            self._unused[block.id] = block
+
+    @property
+    def n_free(self) -> int:
+        """Blocks a new prefix may take: never used, or cached but used by no row."""
+        return len(self._unused)
+
+    def match(self, tokens: list[int], limit: int) -> list[int]:
+        """The longest cached run of full blocks that begins `tokens` and holds at most `limit`
+        tokens, each block acquired (a reference taken); -> their ids, in order."""
+        ids, parent, B = [], ROOT, self.block_size
+        for i in range(min(limit, len(tokens)) // B):
+            block = self._by_digest.get(block_hash(parent, tokens[i * B:(i + 1) * B]))
+            if block is None:
+                break
+            self._acquire(block)
+            ids.append(block.id)
+            parent = block.digest
+        return ids
+
+    def extend(self, table: list[int], tokens: list[int], n: int | None = None) -> list[tuple[int, int]]:
+        """Add the full blocks of tokens[:n] past those in `table` (a row's blocks, extended in place).
+        A block already cached is shared; a new one takes a free block. -> (index in table, block id)
+        of each new block, whose KV the caller copies in. Stops early when every block is in use."""
+        B = self.block_size
+        parent = self.blocks[table[-1]].digest if table else ROOT
+        new = []
+        for i in range(len(table), (len(tokens) if n is None else n) // B):
+            digest = block_hash(parent, tokens[i * B:(i + 1) * B])
+            block = self._by_digest.get(digest)
+            if block is None:
+                block = self._take(digest)
+                if block is None:
+                    break
+                new.append((i, block.id))
+            self._acquire(block)
+            table.append(block.id)
+            parent = digest
+        return new
+
+    def release(self, table: list[int]) -> None:
+        """A row is done with its blocks. The last block goes to the LRU list first, so a prefix's
+        tail is evicted before its head, which more prompts share."""
+        for block_id in reversed(table):
+            block = self.blocks[block_id]
+            block.refs -= 1
+            if block.refs == 0:
+                self._unused[block_id] = block
+        table.clear()
+
+    def _acquire(self, block: Block) -> None:
+        self._unused.pop(block.id, None)
+        block.refs += 1
+
+    def _take(self, digest: bytes) -> Block | None:
+        """The least recently used unreferenced block, renamed for new contents; None if none is."""
+        if not self._unused:
+            return None
+        _, block = self._unused.popitem(last=False)
+        if block.digest != ROOT:
+            del self._by_digest[block.digest]
+        block.digest = digest
+        self._by_digest[digest] = block
+        return block
