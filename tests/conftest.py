@@ -52,9 +52,11 @@ def model_path(name: str) -> Path:
         pytest.fail(f"{e} (or run: make models)")
 
 
-def copy_gguf(src: Path, dst: Path, meta: dict | None = None, tensors: dict | None = None) -> Path:
+def copy_gguf(src: Path, dst: Path, meta: dict | None = None, tensors: dict | None = None,
+              vocab_only: bool = False) -> Path:
     """Write src's metadata and tensors to dst, with metadata values and tensors replaced or added:
-    meta {key: value}, tensors {name: (array, GGML type or None for the array's own type)}."""
+    meta {key: value}, tensors {name: (array, GGML type or None for the array's own type)}.
+    vocab_only: no tensors at all, as llama.cpp's vocabulary files."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
     meta, tensors = dict(meta or {}), dict(tensors or {})
     reader = GGUFReader(src)
@@ -67,7 +69,7 @@ def copy_gguf(src: Path, dst: Path, meta: dict | None = None, tensors: dict | No
         writer.add_key_value(key, meta.pop(key, field.contents()), field.types[0], sub)
     for key, value in meta.items():
         writer.add_key_value(key, value, GGUFValueType.get_type(value))
-    for t in reader.tensors:
+    for t in [] if vocab_only else reader.tensors:
         data, qtype = tensors.pop(t.name, (t.data, None))
         writer.add_tensor(t.name, data, raw_dtype=qtype)
     for name, (data, qtype) in tensors.items():

@@ -210,6 +210,17 @@ def test_tokenize_takes_m_like_every_command_and_reads_a_pipe(env):
     assert_one_line_error(llogos(env, "tokenize", "-m", model, "hello", "world"), "-m", code=2)
 
 
+def test_tokenize_reads_a_vocabulary_only_file(env, tmp_path):
+    """As llama.cpp's llama-tokenize: a GGUF of the tokenizer's metadata and no tensors."""
+    model = need(FIXTURES / "tiny-llama-f32.gguf")
+    vocab = str(copy_gguf(model, tmp_path / "vocab.gguf", vocab_only=True))
+    text = "Hello, world! 123 naïve"
+    r = llogos(env, "tokenize", "-m", vocab, text)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == llogos(env, "tokenize", "-m", str(model), text).stdout and json.loads(r.stdout)
+    assert_one_line_error(llogos(env, "generate", "-m", vocab, "-p", "x"), "tensors")
+
+
 def test_info_and_models_print_whole_values_into_a_pipe(env, smollm_path):
     r = llogos(env, "info", "-m", "smollm2-135m")
     assert r.returncode == 0, r.stderr

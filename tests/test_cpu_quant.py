@@ -107,8 +107,16 @@ def test_real_models_quantized_match_f32_path(real, monkeypatch):
             assert relative_error(steps, a[-3:]) < 1e-3, (name, case["id"])
 
 
-def test_real_models_perplexity_within_half_a_percent(real):
+# How far the default products' perplexity may be from the exact path's over reference/ppl.txt
+# (n_ctx 128, the whole text): 8-bit activations round a value to the other side of a step when
+# anything before them rounds differently, so the figure moves with BLAS' kernels (Gemma 3 270M:
+# +0.19% with OpenBLAS' Zen kernels, +0.54% with OPENBLAS_CORETYPE=Haswell); llama.cpp's own
+# activations put its perplexity 0.61% above the exact one on this text.
+PPL_TOLERANCE = 0.01
+
+
+def test_real_models_perplexity_close_to_the_exact_path(real):
     name, f32, quantized, tok, _ = real
     text = need(REFERENCE / "ppl.txt").read_text(encoding="utf-8")
-    ppl = [perplexity(m, tok, text, 128).ppl for m in (f32, quantized)]   # the whole text: 3 chunks alone vary by ~0.3%
-    assert abs(ppl[1] / ppl[0] - 1) < 0.005, (name, ppl)
+    ppl = [perplexity(m, tok, text, 128).ppl for m in (f32, quantized)]
+    assert abs(ppl[1] / ppl[0] - 1) < PPL_TOLERANCE, (name, ppl)

@@ -17,7 +17,7 @@ from llogos_cli.console import err
 from llogos_cli.engine.perplexity import perplexity
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import memory
-from llogos_cli.model.loader import ModelFile, load, open_model
+from llogos_cli.model.loader import ModelFile, load, open_model, open_tokenizer
 from llogos_cli.model.registry import (
     find_entry,
     is_installed,
@@ -160,7 +160,7 @@ def tokenize(args, model_name, pieces, no_bos, no_parse_special):
     text = read_prompt(text, None)
     if text is None:
         raise LlogosError("no text: give TEXT, or pipe it on stdin")
-    tok = open_model(model).tokenizer
+    tok = open_tokenizer(model)
     ids = tok.encode(text, add_bos=False if no_bos else None, parse_special=not no_parse_special)
     if pieces:
         for i in ids:

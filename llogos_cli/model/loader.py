@@ -75,6 +75,13 @@ def open_model(name_or_path: str | None) -> ModelFile:
     return ModelFile(path, entry, f, cfg, tokenizer, (time.perf_counter() - t0) * 1e3)
 
 
+def open_tokenizer(name_or_path: str | None) -> Tokenizer:
+    """The tokenizer of a model, or of a vocabulary-only GGUF file (no tensors), as llama.cpp's
+    llama-tokenize reads one: nothing but its tokenizer metadata is read or checked."""
+    path, _ = resolve_model(name_or_path, install=True)
+    return Tokenizer.from_gguf(GGUFFile(path))
+
+
 def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str = "auto",
          n_ctx: int | None = None, cache_types: tuple[str | None, str | None] = (None, None),
          n_slots: int = 1, threads: tuple[int, int] = (0, 0)) -> Loaded:

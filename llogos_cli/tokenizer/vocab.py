@@ -52,6 +52,13 @@ _GPT4O = (_UPPER_LOWER.replace("{c}", _CONTRACTIONS + "?")
           + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _TEKKEN = _UPPER_LOWER.replace("{c}", "") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
+# DeepSeek's first models: newlines alone, CJK runs apart, and (deepseek-llm) letters as an explicit
+# class of ranges, as llama.cpp writes them.
+_CJK = "[一-龥ࠀ-一가-퟿]+"
+_DEEPSEEK_LETTERS = ("[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-"
+                     "Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ"
+                     "-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ"
+                     "-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,9 @@ _GROUPS = {
     ("viking",): PreTokenizer((_BLOOM, r"\p{N}")),
     ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"): PreTokenizer((_GPT4O,)),
     ("tekken",): PreTokenizer((_TEKKEN,), ignore_merges=True, add_bos=True),
+    ("deepseek-llm",): PreTokenizer(("[\r\n]", r"\s?" + _DEEPSEEK_LETTERS + "+", r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+                                     r"\s+$", _CJK, r"\p{N}+")),
+    ("deepseek-coder",): PreTokenizer(("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}")),
 }
 PRE_TOKENIZERS = {name: pre for names, pre in _GROUPS.items() for name in names}
 
