@@ -31,7 +31,7 @@ K_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 TYPES = PLAIN_TYPES | K_TYPES
 TOKENS = 4   # tokens a K row is multiplied with at once, its blocks decoded once for them
 MATRICES = 4   # products one call runs together (sharing an input), padded to this many
-_q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (plain_row_dot8(n, 1) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
+_q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (plain_row_dot8(n) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
 _q4_k, _q5_k, _q6_k = (k_row_dot8(n, 1) for n in ("q4_k", "q5_k", "q6_k"))
 _q4_k4, _q5_k4, _q6_k4 = (k_row_dot8(n, TOKENS) for n in ("q4_k", "q5_k", "q6_k"))
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
@@ -115,15 +115,15 @@ def _plain_rows(raw, code, r0, r1, xq, dx, sx, out, isa):
     for t in range(xq.shape[0]):
         for r in range(r0, r1):
             if code == _Q4_1:
-                out[t, r] = _q4_1(raw[r], xq[t], dx[t], sx[t], 0, isa)[0]
+                out[t, r] = _q4_1(raw[r], xq[t], dx[t], sx[t], isa)
             elif code == _Q8_0:
-                out[t, r] = _q8_0(raw[r], xq[t], dx[t], sx[t], 0, isa)[0]
+                out[t, r] = _q8_0(raw[r], xq[t], dx[t], sx[t], isa)
             elif code == _Q4_0:
-                out[t, r] = _q4_0(raw[r], xq[t], dx[t], sx[t], 0, isa)[0]
+                out[t, r] = _q4_0(raw[r], xq[t], dx[t], sx[t], isa)
             elif code == _Q5_0:
-                out[t, r] = _q5_0(raw[r], xq[t], dx[t], sx[t], 0, isa)[0]
+                out[t, r] = _q5_0(raw[r], xq[t], dx[t], sx[t], isa)
             else:
-                out[t, r] = _q5_1(raw[r], xq[t], dx[t], sx[t], 0, isa)[0]
+                out[t, r] = _q5_1(raw[r], xq[t], dx[t], sx[t], isa)
 
 
 @parallel_kernel

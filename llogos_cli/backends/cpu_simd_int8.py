@@ -43,6 +43,7 @@ from llogos_cli.backends.cpu_simd import (
     at,
     broadcast,
     const,
+    each_block,
     f16_at,
     fsum,
     load,
@@ -50,9 +51,10 @@ from llogos_cli.backends.cpu_simd import (
     vec,
 )
 
-# A float operation's flag that permits no reordering or fusing: numba's fastmath pass marks every
-# float operation that has no flag `fast`, which would let LLVM regroup a sum differently in kernels
-# of one token and of several, and a batched row then differ from the same row alone.
+# A float operation's flag that lets LLVM fuse a multiply into an add (the same in every kernel) but
+# not regroup a sum: numba's fastmath pass marks every float operation that has no flag `fast`,
+# which would let LLVM regroup a sum differently in kernels of one token and of several (k_row_dot8),
+# and a batched row then differ from the same row alone.
 ORDERED = ("contract",)
 ISA_ARG = {"vnni": np.int8(0), "avx2": np.int16(0)}   # the type of the scalar is what counts
 _ISA_OF_TYPE = {types.int8: "vnni", types.int16: "avx2"}
@@ -102,16 +104,14 @@ def _scalar(context, builder, array_t, array, index, elem: ir.Type):
     return builder.extract_element(load(context, builder, array_t, array, index, elem, 1), ir.Constant(I32, 0))
 
 
-def plain_row_dot8(name: str, n_tok: int):
-    """An intrinsic dot(row, xq, dx, sx, t, isa) -> n_tok float32 sums: the row's `name` blocks
-    times tokens t .. t + n_tok - 1 of the two-byte activations (C-order 2-D arrays, or one token's
-    rows with t = 0: xq int8, dx and sx float32 per 32), in `isa`'s integer instructions, each block's quants unpacked once for
-    all the tokens. Its float steps run in a fixed order, so that a token's sum is the same
-    whichever tokens it is multiplied with (batched rows equal to each alone)."""
+def plain_row_dot8(name: str):
+    """An intrinsic dot(row, xq, dx, sx, isa) -> float32: Σ over the row's `name` blocks of the
+    weights times one token's two-byte activations (xq int8, dx and sx float32 per 32), in `isa`'s
+    integer instructions."""
     size, d_at, m_at, _, _, stored_bias = PLAIN[name]
 
     @intrinsic
-    def dot(typingctx, row, xq, dx, sx, t, isa):
+    def dot(typingctx, row, xq, dx, sx, isa):
         if isa not in _ISA_OF_TYPE:
             return None
         chosen = _ISA_OF_TYPE[isa]
@@ -119,40 +119,29 @@ def plain_row_dot8(name: str, n_tok: int):
         bias = 128 if name == "q8_0" and chosen == "vnni" else stored_bias
 
         def codegen(context, builder, sig, args):
-            row_t, xq_t, dx_t, sx_t, _, _ = sig.args
-            row, xq, dx, sx, t, _ = args
-            n_scales = builder.extract_value(context.make_array(dx_t)(context, builder, dx).shape, dx_t.ndim - 1)
-            # each token's first scale: its block k's scales at + k, its quants at 64 · (+ k)
-            firsts = [builder.mul(builder.add(t, ir.Constant(I64, i)), n_scales) for i in range(n_tok)]
-            accs = [cgutils.alloca_once_value(builder, const(F32, 8, 0.0)) for _ in range(n_tok)]
-            offsets = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(n_tok)]
-            n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
-                                    ir.Constant(I64, size))
-            with cgutils.for_range(builder, n_blocks) as loop:
-                k, o = loop.index, builder.mul(loop.index, ir.Constant(I64, size))
-                quants = plain_quants(context, builder, row_t, row, o, name)
+            row_t, xq_t, dx_t, sx_t, _ = sig.args
+            row, xq, dx, sx, _ = args
+            acc = cgutils.alloca_once_value(builder, const(F32, 8, 0.0))
+            offsets = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+            with each_block(context, builder, row_t, row, size) as (o, e):
+                k = builder.udiv(e, ir.Constant(I64, 32))
+                isum = _int_dot(builder, chosen, name, plain_quants(context, builder, row_t, row, o, name),
+                                load(context, builder, xq_t, xq, builder.add(e, e), I8, 32),
+                                load(context, builder, xq_t, xq, at(builder, builder.add(e, e), 32), I8, 32))
                 d = f16_at(context, builder, row_t, row, at(builder, o, d_at))
-                # the offset of every weight from d · u: m (if any) less bias · d
-                offset = builder.fmul(ir.Constant(F32, -float(bias)), d, flags=ORDERED) if bias else None
+                step = builder.fmul(d, builder.fmul(_scalar(context, builder, dx_t, dx, k, F32), ir.Constant(F32, 1 / 254)))
+                product = builder.fmul(builder.sitofp(isum, vec(F32, 8)), broadcast(builder, step, 8), flags=["fast"])
+                builder.store(builder.fadd(builder.load(acc), product, flags=["fast"]), acc)
+                # the offset of every weight from d · u: m (if any) less bias · d; none, where both are 0
+                offset = builder.fmul(ir.Constant(F32, -float(bias)), d) if bias else None
                 if m_at is not None:
                     m = f16_at(context, builder, row_t, row, at(builder, o, m_at))
-                    offset = m if offset is None else builder.fadd(offset, m, flags=ORDERED)
-                for first, acc, offsets_t in zip(firsts, accs, offsets):
-                    scale_at = builder.add(first, k)
-                    x_at = builder.mul(scale_at, ir.Constant(I64, 64))
-                    isum = _int_dot(builder, chosen, name, quants, load(context, builder, xq_t, xq, x_at, I8, 32),
-                                    load(context, builder, xq_t, xq, at(builder, x_at, 32), I8, 32))
-                    dxk = _scalar(context, builder, dx_t, dx, scale_at, F32)
-                    sxk = _scalar(context, builder, sx_t, sx, scale_at, F32)
-                    step = builder.fmul(d, builder.fmul(dxk, ir.Constant(F32, 1 / 254), flags=ORDERED), flags=ORDERED)
-                    product = builder.fmul(builder.sitofp(isum, vec(F32, 8)), broadcast(builder, step, 8), flags=ORDERED)
-                    builder.store(builder.fadd(builder.load(acc), product, flags=ORDERED), acc)
-                    if offset is not None:   # else every weight is d · u
-                        builder.store(builder.fadd(builder.load(offsets_t), builder.fmul(offset, sxk, flags=ORDERED),
-                                                   flags=ORDERED), offsets_t)
-            sums = [builder.fadd(fsum(builder, builder.load(a)), builder.load(s), flags=ORDERED) for a, s in zip(accs, offsets)]
-            return context.make_tuple(builder, sig.return_type, sums)
-        return types.UniTuple(types.float32, n_tok)(row, xq, dx, sx, t, isa), codegen
+                    offset = m if offset is None else builder.fadd(offset, m)
+                if offset is not None:
+                    sxk = _scalar(context, builder, sx_t, sx, k, F32)
+                    builder.store(builder.fadd(builder.load(offsets), builder.fmul(offset, sxk)), offsets)
+            return builder.fadd(fsum(builder, builder.load(acc)), builder.load(offsets))
+        return types.float32(row, xq, dx, sx, isa), codegen
     return dot
 
 
@@ -226,7 +215,7 @@ def k_row_dot8(name: str, n_tok: int):
     scale; its mins (Q4_K, Q5_K) or its quants' bias of 32 (Q6_K) are taken against xs; the block
     then adds d · dx times its sum into one float vector per token, summed once per row. Both
     instruction sets run this code: AVX2 has every instruction it needs. Its float steps run in a
-    fixed order, as plain_row_dot8's do."""
+    fixed order (ORDERED), so that a token's sum is the same whichever tokens it is multiplied with."""
     size = _K_BYTES[name]
 
     @intrinsic
