@@ -6,7 +6,10 @@ an unconstrained run of as many tokens a row (--ignore-eos), and the ratio of ea
 reported (median of --repeat pairs), so load from other processes touches both sides alike. Greedy
 throughout: the unconstrained row takes the on-device argmax, the constrained one the host mask.
 
-    python bench/bench_structured.py [-m smollm2-135m] [--rows 16] [--repeat 3]
+    python bench/bench_structured.py [-m smollm2-135m] [--rows 16] [--repeat 3] [--masks inline]
+
+--masks inline computes each constrained row's mask when it samples, after the forward pass (what
+the engine did before masks were started beside it), for a before/after comparison in one build.
 """
 
 import argparse
@@ -19,6 +22,7 @@ from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.grammar import Grammar, Matcher
 from llogos_cli.engine.sampling import Sampler, SamplingParams
+from llogos_cli.engine.sequence import Sequence
 from llogos_cli.engine.session import Session
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.model.loader import load
@@ -113,18 +117,36 @@ def rows(model, tokenizer, grammar, n_rows: int, n: int) -> tuple[int, float]:
     return made, (time.perf_counter() - t0) * 1e3
 
 
-def paired(run, grammar, n_rows: int, n: int, repeat: int) -> tuple[int, float, float, float]:
+MASK_WAIT = [0.0]   # seconds the sampling thread spent in Matcher.allowed (waiting for or computing masks)
+
+
+def timing_mask_collection() -> None:
+    allowed = Matcher.allowed
+
+    def timed(self, n):
+        t0 = time.perf_counter()
+        mask = allowed(self, n)
+        MASK_WAIT[0] += time.perf_counter() - t0
+        return mask
+
+    Matcher.allowed = timed
+
+
+def paired(run, grammar, n_rows: int, n: int, repeat: int) -> tuple[int, float, float, float, float]:
     """The constrained run, then an unconstrained one of as many tokens a row, `repeat` times back to
-    back: tokens, both rates (median) and the median of the pairs' ratios, which a machine's other
-    load disturbs least."""
-    constrained, plain, ratios = [], [], []
+    back: tokens, both rates (median), the median of the pairs' ratios, which a machine's other load
+    disturbs least, and the median ms a step's thread spent on the rows' masks."""
+    constrained, plain, ratios, waits = [], [], [], []
     for _ in range(repeat):
+        MASK_WAIT[0] = 0.0
         made, ms = run(grammar, n)
+        waits.append(MASK_WAIT[0] * 1e3 / (made / n_rows))
         base_made, base_ms = run(None, made // n_rows)
         constrained.append(made / ms * 1e3)
         plain.append(base_made / base_ms * 1e3)
         ratios.append(constrained[-1] / plain[-1])
-    return made, statistics.median(constrained), statistics.median(plain), statistics.median(ratios)
+    return (made, statistics.median(constrained), statistics.median(plain), statistics.median(ratios),
+            statistics.median(waits))
 
 
 def main():
@@ -133,27 +155,37 @@ def main():
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("-n", type=int, default=96, help="unconstrained tokens per row")
+    ap.add_argument("--masks", choices=["ahead", "inline"], default="ahead",
+                    help="ahead: beside the forward pass (the engine's way); inline: when the row samples")
+    ap.add_argument("--only-rows", action="store_true", help="skip compile times, host overhead and the 1-row runs")
     a = ap.parse_args()
+    if a.masks == "inline":
+        Sequence.start_mask = lambda self: None
     loaded = load(a.model, "cpu", n_ctx=1024, n_slots=a.rows)
     model, tok = loaded.model, loaded.tokenizer
     Matcher(Grammar.json_object(), tok)   # the vocabulary view, built once per tokenizer
-    print("| schema | check (ms) | first matcher (ms) |\n|---|---|---|")
-    times = compile_times(tok, a.repeat)
-    for name, (check, first) in times.items():
-        print(f"| {name} | {check:.2f} | {first:.2f} |")
-    totals = [c + f for c, f in times.values()]
-    print(f"compile, check + first matcher: median {statistics.median(totals):.2f} ms, worst {max(totals):.2f} ms\n")
-    print("| schema | host time a constrained step adds (us) |\n|---|---|")
-    for name, schema in SCHEMAS.items():
-        print(f"| {name} | {step_overhead_us(tok, Grammar.json_schema(schema), 200):.0f} |")
-    print()
-    print("| rows | schema | tokens a row | constrained tok/s | unconstrained tok/s | ratio (median of pairs) |")
-    print("|---|---|---|---|---|---|")
-    for n_rows, run in ((1, lambda g, n: one_row(model, tok, g, n)),
-                        (a.rows, lambda g, n: rows(model, tok, g, a.rows, n))):
+    if not a.only_rows:
+        print("| schema | check (ms) | first matcher (ms) |\n|---|---|---|")
+        times = compile_times(tok, a.repeat)
+        for name, (check, first) in times.items():
+            print(f"| {name} | {check:.2f} | {first:.2f} |")
+        totals = [c + f for c, f in times.values()]
+        print(f"compile, check + first matcher: median {statistics.median(totals):.2f} ms, "
+              f"worst {max(totals):.2f} ms\n")
+        print("| schema | host time a constrained step adds (us) |\n|---|---|")
         for name, schema in SCHEMAS.items():
-            made, constrained, plain, ratio = paired(run, Grammar.json_schema(schema), n_rows, a.n, a.repeat)
-            print(f"| {n_rows} | {name} | {made // n_rows} | {constrained:.1f} | {plain:.1f} | {ratio:.0%} |")
+            print(f"| {name} | {step_overhead_us(tok, Grammar.json_schema(schema), 200):.0f} |")
+        print()
+    timing_mask_collection()
+    print("| rows | schema | tokens a row | constrained tok/s | unconstrained tok/s | ratio (median of pairs) "
+          "| masks on the step's thread (ms/step) |")
+    print("|---|---|---|---|---|---|---|")
+    runs = [] if a.only_rows else [(1, lambda g, n: one_row(model, tok, g, n))]
+    for n_rows, run in runs + [(a.rows, lambda g, n: rows(model, tok, g, a.rows, n))]:
+        for name, schema in SCHEMAS.items():
+            made, constrained, plain, ratio, wait = paired(run, Grammar.json_schema(schema), n_rows, a.n, a.repeat)
+            print(f"| {n_rows} | {name} | {made // n_rows} | {constrained:.1f} | {plain:.1f} | {ratio:.0%} "
+                  f"| {wait:.2f} |")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@
 // tensor-core matrix products outrun it.
 //
 // Grid (n_head, T), ATTENTION_WARPS warps per block. Query t, at position pos[t] of cache slot
-// slots[t], sees that slot's keys in [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: all of
+// slots[t] (reached through the block tables in a paged cache, kv_where), sees that slot's keys in [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: all of
 // them); its scores s = scale q·k become softcap tanh(s / softcap) unless softcap is 0 (Gemma 2).
+// With has_sinks, head h's sinks[h] joins the softmax as one more logit whose value row is zero
+// (gpt-oss): the weights of the keys then sum to less than 1.
 // Every query has its own span, so the decode rows of many sequences go in one launch; slots and
 // positions are read from device memory, so a captured decode step replays for other rows. Each
 // warp takes tiles of 32 keys in turn, one key per lane: the lane computes its key's score against
@@ -21,12 +23,12 @@ static_assert(MAX_HEAD_DIM % (4 * WARP_SIZE) == 0, "each lane owns whole runs of
 
 template <class K, class V>
 __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, float* out, const int* slots,
-                          const int* pos, int n_head, int n_kv, int dk, int dv, int n_ctx, float scale, int window,
-                          float softcap) {
+                          const int* pos, int n_head, int dk, int dv, float scale, int window,
+                          float softcap, const float* sinks, int has_sinks, kv_where where) {
     __shared__ float q_s[MAX_HEAD_DIM];
     __shared__ float m_s[ATTENTION_WARPS], l_s[ATTENTION_WARPS];
     __shared__ float acc_s[ATTENTION_WARPS][MAX_HEAD_DIM];
-    const int h = blockIdx.x, t = blockIdx.y, kv = h / (n_head / n_kv);
+    const int h = blockIdx.x, t = blockIdx.y, kv = h / (n_head / where.n_kv), slot = slots[t];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const float* qr = q + ((i64)t * n_head + h) * dk;
     for (int i = threadIdx.x; i < dk; i += blockDim.x) q_s[i] = qr[i];
@@ -34,9 +36,6 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
 
     const int end = pos[t] + 1, start = window > 0 ? max(0, end - window) : 0;
     const i64 k_row = K::row_bytes(dk), v_row = V::row_bytes(dv);
-    const i64 region = (i64)slots[t] * n_kv + kv;  // this slot's rows of KV head kv
-    const u8* keys = k_cache + region * n_ctx * k_row;
-    const u8* values = v_cache + region * n_ctx * v_row;
 
     float m = -F32_INF, l = 0.0f;
     float acc[RUNS_PER_LANE][4] = {};
@@ -46,7 +45,7 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
         if (key < end) {
             float dot = 0.0f;
             for (int e = 0; e < dk; e += 4) {
-                const float4 kv4 = K::load4(keys + key * k_row, e);
+                const float4 kv4 = K::load4(k_cache + where.row(slot, kv, key) * k_row, e);
                 dot += q_s[e] * kv4.x + q_s[e + 1] * kv4.y + q_s[e + 2] * kv4.z + q_s[e + 3] * kv4.w;
             }
             s = soft_capped(dot * scale, softcap);
@@ -61,7 +60,7 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
         const int n_keys = min(WARP_SIZE, end - k0);
         for (int j = 0; j < n_keys; j++) {
             const float pj = __shfl_sync(FULL_MASK, p, j);
-            const u8* row = values + (k0 + j) * v_row;
+            const u8* row = v_cache + where.row(slot, kv, k0 + j) * v_row;
 #pragma unroll
             for (int r = 0; r < RUNS_PER_LANE; r++) {
                 const int e = 4 * (lane + WARP_SIZE * r);
@@ -84,9 +83,10 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
             for (int c = 0; c < 4; c++) acc_s[warp][e + c] = acc[r][c];
     }
     __syncthreads();
-    float m_all = -F32_INF;
+    const float sink = has_sinks ? sinks[h] : -F32_INF;
+    float m_all = sink;
     for (int w = 0; w < ATTENTION_WARPS; w++) m_all = fmaxf(m_all, m_s[w]);
-    float l_all = 0.0f, weight[ATTENTION_WARPS];
+    float l_all = has_sinks ? expf(sink - m_all) : 0.0f, weight[ATTENTION_WARPS];
     for (int w = 0; w < ATTENTION_WARPS; w++) {  // a warp that saw no keys has l = 0 and weight 0
         weight[w] = l_s[w] > 0.0f ? expf(m_s[w] - m_all) : 0.0f;
         l_all += l_s[w] * weight[w];
@@ -103,9 +103,11 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
     extern "C" __global__ void __launch_bounds__(ATTENTION_WARPS * WARP_SIZE) attention_##tk##_##tv(          \
         const float* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,          \
         float* __restrict__ out, const int* __restrict__ slots, const int* __restrict__ pos, int n_head,      \
-        int n_kv, int dk, int dv, int n_ctx, float scale, int window, float softcap) {                        \
-        attention<kv_##tk, kv_##tv>(q, k_cache, v_cache, out, slots, pos, n_head, n_kv, dk, dv, n_ctx, scale, \
-                                    window, softcap);                                                         \
+        int n_kv, int dk, int dv, float scale, int window, float softcap, const float* __restrict__ sinks,     \
+        int has_sinks, const int* __restrict__ tables, int paged, int max_blocks, int block_size) {           \
+        attention<kv_##tk, kv_##tv>(q, k_cache, v_cache, out, slots, pos, n_head, dk, dv, scale, window,      \
+                                    softcap, sinks, has_sinks,                                                \
+                                    kv_where{tables, paged, max_blocks, block_size, n_kv});                   \
     }
 
 ATTENTION(f32, f32)

@@ -1,6 +1,9 @@
-// How a KV-cache row (one position of one KV head: d elements) is stored, for each cache type.
+// How a KV-cache row (one position of one KV head: d elements) is stored, for each cache type,
+// and where a slot's position is (kv_where).
 //
-// The cache of a layer is (n_slots, n_kv, n_ctx, row bytes), a region per sequence (cache slot).
+// The cache of a layer is (n_slots, n_kv, n_ctx, row bytes), a region per sequence (cache slot),
+// or, paged, (n_blocks, n_kv, block_size, row bytes), a slot's positions in the blocks its row of
+// the block tables lists.
 // f16 halves the memory and the attention traffic of f32; q8_0 (d/32 blocks of block_q8_0)
 // roughly halves f16's. q8_0 rounds exactly as the NumPy backend's _cache_round, so both backends
 // hold identical values.
@@ -46,5 +49,17 @@ struct kv_q8_0 {
         const u32 w = load_u32_a2(b->qs + e % 32);
         return float4{d * uint_to_f32(byte_of(w, 0) ^ 0x80, 128.0f), d * uint_to_f32(byte_of(w, 1) ^ 0x80, 128.0f),
                       d * uint_to_f32(byte_of(w, 2) ^ 0x80, 128.0f), d * uint_to_f32(byte_of(w, 3) ^ 0x80, 128.0f)};
+    }
+};
+
+// Row index of position p of KV head kv of a slot. Unpaged, a slot is one block of n_ctx positions
+// (block_size = n_ctx) and the tables are not read; paged, block j of the slot is
+// tables[slot * max_blocks + j].
+struct kv_where {
+    const int* tables;
+    int paged, max_blocks, block_size, n_kv;
+    __device__ i64 row(int slot, int kv, int p) const {
+        if (!paged) return ((i64)slot * n_kv + kv) * block_size + p;  // no division on the unpaged path
+        return ((i64)tables[(i64)slot * max_blocks + p / block_size] * n_kv + kv) * block_size + p % block_size;
     }
 };

@@ -28,7 +28,7 @@ from tests.conftest import FIXTURES, copy_gguf, need
 from tests.test_chat_template import hf_render
 from tests.test_cli import assert_one_line_error, llogos
 
-QUESTION = "What is the capital of France?"
+QUESTION = "What is the capital of France? Answer in one word."   # decisive at every token, with any products
 
 
 @pytest.fixture
@@ -49,10 +49,10 @@ def smollm(smollm_path):
     return load("smollm2-135m", "cpu")
 
 
-def new_chat(m, messages, n_predict=12, n_ctx=512, **sampling) -> Chat:
+def new_chat(m, messages, n_predict=12, n_ctx=512, kept_blocks=0, **sampling) -> Chat:
     fmt = chat_format({}, m.source.file.meta, m.source.entry, m.tokenizer)
     params = SamplingParams(**{"temp": 0.0, **sampling})
-    return Chat(fmt, Session(m.model, n_ctx), Sampler(params, n_ctx), n_predict, messages)
+    return Chat(fmt, Session(m.model, n_ctx, kept_blocks=kept_blocks), Sampler(params, n_ctx), n_predict, messages)
 
 
 def quiet(text: str) -> None:
@@ -88,6 +88,47 @@ def test_regen_replaces_the_reply_and_reuses_the_prompt(smollm):
     assert again.text == first.text                 # greedy: the same reply
     assert again.timings.prompt_n == 1              # only the last prompt token, for its logits
     assert [m.role for m in chat.messages] == ["user", "assistant"]
+
+
+@pytest.fixture(scope="module")
+def exact_smollm(smollm_path):
+    """Float32 weights and activations: a prompt prefilled in two parts then gives the logits of one
+    part to the last bit's rounding, where the default products' 8-bit activations can round an
+    element to the other side of a step, as llama.cpp's do, and turn a near-tie."""
+    return load("smollm2-135m", "cpu", "f32")
+
+
+def test_a_loaded_conversation_reuses_the_kept_blocks_of_one_left_earlier(exact_smollm):
+    """/load of a conversation the context held before /clear and another one: only what the kept
+    blocks do not hold is prefilled, and the reply is the one a fresh chat gives."""
+    system = Message("system", "You are a helpful assistant who answers in one short sentence.")
+    story = ("Here is a short story. A fox lived at the edge of a forest near a village with a mill, a "
+             "bakery and a school. Every morning it watched the baker carry bread to the market square. ")
+    saved = [system, Message("user", story + "Where did the fox live?")]
+    chat = new_chat(exact_smollm, saved, kept_blocks=32)
+    chat.respond(quiet)
+    saved = list(chat.messages)
+    chat.clear()
+    chat.messages.append(Message("user", "Name a large animal."))
+    chat.respond(quiet)
+    held = chat.session.tokens
+    chat.messages = saved + [Message("user", "What did the baker carry?")]   # what /load does
+    ids = chat.fmt.ids(chat.messages)
+    common = next(i for i, (a, b) in enumerate(zip(held, ids)) if a != b)   # the system prompt's tokens
+    loaded = chat.respond(quiet)
+    fresh = new_chat(exact_smollm, saved + [Message("user", "What did the baker carry?")]).respond(quiet)
+    assert loaded.text == fresh.text and loaded.prompt_tokens == fresh.prompt_tokens == len(ids)
+    assert fresh.timings.prompt_n == len(ids)
+    kept = chat.session.last_kept
+    assert kept >= 3 * 16 and loaded.timings.prompt_n == len(ids) - common - kept
+    assert loaded.timings.prompt_n < (len(ids) - common) // 3   # without the kept blocks: len(ids) - common
+
+
+def test_regen_with_kept_blocks_gives_the_same_reply(smollm):
+    with_kept = new_chat(smollm, [Message("user", QUESTION)], kept_blocks=32)
+    first = with_kept.respond(quiet)
+    again = with_kept.regenerate(quiet)
+    assert again.text == first.text and again.timings.prompt_n == 1
 
 
 def test_sampled_regen_draws_a_new_reply(smollm):

@@ -64,15 +64,25 @@ def _both(path) -> tuple[Model, Model]:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-gemma3"])
-def test_q8_0_fixtures_quantized_match_f32_path(name):
-    f32, quantized = _both(need(FIXTURES / f"{name}-q8_0.gguf"))
+def test_q8_0_fixtures_quantized_match_f32_path(name, monkeypatch):
+    """With float32 activations (LLOGOS_CPU_ISA=float) the products of the weights in their blocks
+    are the f32 path's up to rounding, prompt and decode; with the integer products every decisive
+    choice of the next token (a lead of 0.5 or more) stays the same."""
+    path = need(FIXTURES / f"{name}-q8_0.gguf")
+    f32, integer = _both(path)
+    monkeypatch.setenv("LLOGOS_CPU_ISA", "float")
+    exact = Model(GGUFFile(path), NumpyBackend("quantized"))
     ids = np.load(need(FIXTURES / f"{name}-q8_0.oracle.npz"))["ids"].astype(np.int32)
-    prefill = [m.forward_seq(m.new_context(64), ids, all_logits=True) for m in (f32, quantized)]
+    prefill = [m.forward_seq(m.new_context(64), ids, all_logits=True) for m in (f32, exact, integer)]
     assert relative_error(prefill[1], prefill[0]) < 1e-3
-    ctx = [m.new_context(64) for m in (f32, quantized)]
+    top2 = np.sort(prefill[0], axis=-1)[:, -2:]
+    decisive = top2[:, 1] - top2[:, 0] >= 0.5
+    assert (prefill[2].argmax(-1) == prefill[0].argmax(-1))[decisive].all()
+    ctx = [m.new_context(64) for m in (f32, exact, integer)]
     decode = [np.stack([m.forward_seq(c, ids[i:i + 1])[0] for i in range(len(ids))])
-              for m, c in zip((f32, quantized), ctx)]
+              for m, c in zip((f32, exact, integer), ctx)]
     assert relative_error(decode[1], decode[0]) < 1e-3
+    assert (decode[2].argmax(-1) == decode[0].argmax(-1))[decisive].all()
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
@@ -81,7 +91,15 @@ def real(request):
     return name, *_both(model_path(name)), open_model(name).tokenizer, reference(name)
 
 
-def test_real_models_quantized_match_f32_path(real, monkeypatch):
+@pytest.fixture(scope="module")
+def float_activations(real):
+    """The quantized weights' products with float32 activations (LLOGOS_CPU_ISA=float)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLOGOS_CPU_ISA", "float")
+        return Model(GGUFFile(model_path(real[0])), NumpyBackend("quantized"))
+
+
+def test_real_models_quantized_match_f32_path(real, float_activations):
     """With float32 activations the quantized weights' products are the f32 path's up to rounding;
     with the integer products (8-bit activations, the default where the CPU has them) every
     decisive choice of the next token (a lead of 0.5 or more) stays the same."""
@@ -97,14 +115,12 @@ def test_real_models_quantized_match_f32_path(real, monkeypatch):
         quantized.forward_seq(ctx, ids[:-3])
         steps = np.stack([quantized.forward_seq(ctx, ids[i:i + 1])[0] for i in range(len(ids) - 3, len(ids))])
         assert (a[-3:].argmax(-1) == steps.argmax(-1))[decisive[-3:]].all(), (name, case["id"])
-        with monkeypatch.context() as exact:
-            exact.setattr(quantized.b.quant_matmul, "isa", "float")
-            b = quantized.forward_seq(quantized.new_context(256), ids, all_logits=True)
-            assert relative_error(b, a) < 1e-3, (name, case["id"])
-            ctx = quantized.new_context(256)
-            quantized.forward_seq(ctx, ids[:-3])
-            steps = np.stack([quantized.forward_seq(ctx, ids[i:i + 1])[0] for i in range(len(ids) - 3, len(ids))])
-            assert relative_error(steps, a[-3:]) < 1e-3, (name, case["id"])
+        b = float_activations.forward_seq(float_activations.new_context(256), ids, all_logits=True)
+        assert relative_error(b, a) < 1e-3, (name, case["id"])
+        ctx = float_activations.new_context(256)
+        float_activations.forward_seq(ctx, ids[:-3])
+        steps = np.stack([float_activations.forward_seq(ctx, ids[i:i + 1])[0] for i in range(len(ids) - 3, len(ids))])
+        assert relative_error(steps, a[-3:]) < 1e-3, (name, case["id"])
 
 
 # How far the default products' perplexity may be from the exact path's over reference/ppl.txt

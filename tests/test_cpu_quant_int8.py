@@ -25,31 +25,57 @@ ISAS = [isa for isa in ISA_ARG if host_isa() == "vnni" or (host_isa() == "avx2" 
 K_BLOCK = cpu_quant_int8.K_BLOCK
 
 
-def _dequantized(xq, dx) -> np.ndarray:
-    """What the two bytes of each element stand for, in float64."""
-    blocks = xq.reshape(xq.shape[0], -1, 2, BLOCK).astype(np.float64)
-    return ((blocks[:, :, 0] + blocks[:, :, 1] / 254) * dx[:, :, None]).reshape(xq.shape[0], -1)
+def _pair_positions(cols: int) -> np.ndarray:
+    """Where element e of a row's activations lies in the plain types' pair layout: block k = 2p + h
+    puts elements 0-15 at 64p + 16h, 16-31 at 64p + 32 + 16h."""
+    e = np.arange(cols)
+    k, j = e // BLOCK, e % BLOCK
+    return 64 * (k // 2) + 16 * (k % 2) + 32 * (j // 16) + j % 16
+
+
+def _dequantized(xq, dx, cols: int) -> np.ndarray:
+    """What each byte of the plain types' activations stands for, in float64, in element order."""
+    k = np.arange(cols) // BLOCK
+    return xq[:, _pair_positions(cols)] * dx[:, 8 * (k // 2) + 4 * (k % 2)].astype(np.float64)
+
+
+def _k_natural(xq) -> np.ndarray:
+    """The Q8_K activations back in element order: element 32i + 4m + b of a block is stored at
+    32m + 4i + b (the lane order of the packed K rows)."""
+    e = np.arange(K_BLOCK)
+    blocks = xq.reshape(xq.shape[0], -1, K_BLOCK)
+    return blocks[:, :, 32 * (e % 32 // 4) + 4 * (e // 32) + e % 4].reshape(xq.shape)
 
 
 def _k_dequantized(xq, dx) -> np.ndarray:
-    """What each byte of the Q8_K activations stands for, in float64."""
-    return (xq.reshape(xq.shape[0], -1, K_BLOCK) * dx[:, :, None].astype(np.float64)).reshape(xq.shape[0], -1)
+    """What each byte of the Q8_K activations stands for, in float64, in element order."""
+    return (_k_natural(xq).reshape(xq.shape[0], -1, K_BLOCK) * dx[:, :, None].astype(np.float64)).reshape(xq.shape[0], -1)
 
 
-def test_activations_are_held_within_a_508th_of_a_step():
+def _product(isa: str, x, raw, qtype):
+    """x times the GGUF rows raw, as the backend multiplies them (packed first where it packs)."""
+    qm = cpu_quant.QuantMatmul(isa)
+    return qm(x, qm.pack(raw, qtype), qtype)
+
+
+def test_plain_activations_are_llama_cpp_q8_0_in_pair_order():
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((3, 8 * BLOCK)).astype(np.float32) * np.float32(4)
+    cols = 9 * BLOCK                           # an odd block count: the last pair's second block empty
+    x = rng.standard_normal((3, cols)).astype(np.float32) * np.float32(4)
     x[1, :BLOCK] = 0                           # an all-zero block
     x[2, 5] = 3000                             # an outlier, as Gemma's activations have
     x[0, BLOCK:2 * BLOCK] = np.float32(1e-30)  # tiny values keep their scale
     xq, dx, sx = cpu_quant._quantize8(x, k_type=False)
-    assert dx[1, 0] == 0 and (xq[1, :2 * BLOCK] == 0).all() and sx[1, 0] == 0
-    back = _dequantized(xq, dx)
-    step = np.repeat(dx.astype(np.float64), BLOCK, axis=1)
-    assert (np.abs(back - x) <= step / 508 * 1.0001).all()
-    hi = xq.reshape(3, -1, 2, BLOCK)[:, :, 0]
-    assert np.abs(hi).max() == 127 and np.abs(xq).max() <= 127
-    np.testing.assert_allclose(sx, back.reshape(3, -1, BLOCK).sum(axis=2), rtol=1e-6, atol=1e-30)
+    assert xq.shape == (3, 5 * 64) and dx.shape == sx.shape == (3, 5 * 8)
+    assert (dx[1, :4] == 0).all() and (xq[1, _pair_positions(cols)[:BLOCK]] == 0).all() and (sx[1, :4] == 0).all()
+    assert (xq[:, 4 * 64 + 16:4 * 64 + 32] == 0).all() and (dx[:, -4:] == 0).all() and (sx[:, -4:] == 0).all()
+    block_dx = np.abs(x).reshape(3, -1, BLOCK).max(axis=2) / 127
+    np.testing.assert_allclose(dx[:, :36].reshape(3, 9, 4)[:, :, 0], block_dx, rtol=1e-6)
+    step = np.repeat(block_dx.astype(np.float64), BLOCK, axis=1)
+    assert (np.abs(_dequantized(xq, dx, cols) - x) <= step / 2 * 1.0001).all()
+    assert np.abs(xq).max() == 127 and xq[2, _pair_positions(cols)[5]] == 127
+    lanes = xq[:, _pair_positions(cols)].reshape(3, 9, 2, 4, 4).sum(axis=(2, 4))   # (T, block, lane): 4 of A, 4 of B
+    np.testing.assert_allclose(sx[:, :36].reshape(3, 9, 4), lanes * dx[:, :36].reshape(3, 9, 4), rtol=1e-6)
 
 
 def test_k_activations_are_llama_cpp_q8_k():
@@ -59,17 +85,19 @@ def test_k_activations_are_llama_cpp_q8_k():
     x[2, 300] = -3000                           # an outlier
     x[0, K_BLOCK:2 * K_BLOCK] = np.float32(1e-30)
     xq, dx, xs = cpu_quant._quantize8(x, k_type=True)
-    assert xq.dtype == np.int8 and xs.dtype == np.int16 and dx.shape == (3, 3)
+    assert xq.dtype == np.int8 and xs.dtype == np.int32 and dx.shape == (3, 3)
     assert dx[1, 0] == 0 and (xq[1, :K_BLOCK] == 0).all()
     np.testing.assert_allclose(dx, np.abs(x).reshape(3, 3, K_BLOCK).max(axis=2) / 127, rtol=1e-6)
     step = np.repeat(dx.astype(np.float64), K_BLOCK, axis=1)
     assert (np.abs(_k_dequantized(xq, dx) - x) <= step / 2 * 1.0001).all()
-    assert np.abs(xq).max() == 127 and xq[2, 300] == -127
-    assert (xs == xq.reshape(3, -1, cpu_quant_int8.K_SUM).sum(axis=2)).all()
+    natural = _k_natural(xq)
+    assert np.abs(xq).max() == 127 and natural[2, 300] == -127
+    sums = natural.reshape(3, -1, 8, 2, cpu_quant_int8.K_SUM).sum(axis=4)   # (T, block, group, half)
+    assert (xs.reshape(3, -1, 2, 8) == sums.transpose(0, 1, 3, 2)).all()
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("n_tok", [1, cpu_quant_int8.TOKENS + 1, cpu_quant.INT8_MAX_TOKENS])
+@pytest.mark.parametrize("n_tok", [1, cpu_quant_int8.TOKENS + 1, 3 * cpu_quant_int8.TOKENS])
 @pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
 def test_products_are_the_quantized_activations_times_the_weights(qtype, n_tok, isa):
     rng = np.random.default_rng(int(qtype) * 10 + n_tok)
@@ -79,14 +107,15 @@ def test_products_are_the_quantized_activations_times_the_weights(qtype, n_tok, 
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     x[0, :BLOCK] *= 50                                  # blocks of very different scales
     w = gguf_quants.dequantize(raw, qtype).astype(np.float64)
-    ours = cpu_quant.QuantMatmul(isa)(x, raw, qtype)
+    ours = _product(isa, x, raw, qtype)
     assert ours.shape == (n_tok, rows) and ours.dtype == np.float32
     k_type = qtype in cpu_quant_int8.K_TYPES
     xq, dx = cpu_quant._quantize8(x, k_type)[:2]
-    held = _k_dequantized(xq, dx) if k_type else _dequantized(xq, dx)
+    held = _k_dequantized(xq, dx) if k_type else _dequantized(xq, dx, cols)
     assert relative_error(ours, held @ w.T) < 1e-5          # float32 rounding only
-    per, within = (K_BLOCK, 2) if k_type else (BLOCK, 508)   # how far from x the activations are held
-    bound = np.abs(w) @ np.repeat(dx.astype(np.float64), per, axis=1).T / within   # (rows, T)
+    per = K_BLOCK if k_type else BLOCK                      # activations held within half a step of x
+    block_dx = dx if k_type else np.abs(x).reshape(n_tok, -1, BLOCK).max(axis=2) / 127
+    bound = np.abs(w) @ np.repeat(block_dx.astype(np.float64), per, axis=1).T / 2   # (rows, T)
     exact = x.astype(np.float64) @ w.T
     assert (np.abs(ours - exact) <= bound.T + 1e-5 * np.abs(exact).max()).all()
 
@@ -100,18 +129,19 @@ def test_k_products_are_within_llama_cpp_error_bound(qtype, isa):
     raw = random_rows(qtype, 64, 4 * K_BLOCK, rng)
     x = rng.uniform(-1, 1, (4, 4 * K_BLOCK)).astype(np.float32)
     exact = x.astype(np.float64) @ gguf_quants.dequantize(raw, qtype).astype(np.float64).T
-    ours = cpu_quant.QuantMatmul(isa)(x, raw, qtype)
+    ours = _product(isa, x, raw, qtype)
     assert ((ours - exact) ** 2).sum() / (exact ** 2).sum() < 5e-4
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_instruction_sets_agree(isa):
+@pytest.mark.skipif(len(ISAS) < 2, reason="this CPU has one instruction set for these kernels")
+@pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
+def test_instruction_sets_agree_bit_for_bit(qtype):
+    """Their integer sums are exact and their float steps the same: VNNI and AVX2 give one result."""
     rng = np.random.default_rng(11)
-    qtype = sorted(cpu_quant_int8.TYPES, key=int)[0]
-    raw = random_rows(qtype, 20, 4 * BLOCK, rng)
-    x = rng.standard_normal((2, 4 * BLOCK)).astype(np.float32)
-    theirs = cpu_quant.QuantMatmul("float")(x, raw, qtype)
-    assert relative_error(cpu_quant.QuantMatmul(isa)(x, raw, qtype), theirs) < 1e-3
+    raw = random_rows(qtype, 20, 2 * K_BLOCK, rng)
+    x = rng.standard_normal((cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
+    vnni, avx2 = (_product(isa, x, raw, qtype) for isa in ISAS)
+    assert np.array_equal(vnni, avx2)
 
 
 def test_the_instruction_set_can_be_chosen_and_is_checked(monkeypatch):
@@ -139,9 +169,9 @@ def test_a_token_s_product_does_not_depend_on_the_tokens_beside_it(qtype, isa):
     rng = np.random.default_rng(int(qtype) + 7)
     raw = random_rows(qtype, 21, 2 * K_BLOCK, rng)
     x = rng.standard_normal((2 * cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
-    together = cpu_quant.QuantMatmul(isa)(x, raw, qtype)
+    together = _product(isa, x, raw, qtype)
     for t in range(x.shape[0]):
-        assert np.array_equal(cpu_quant.QuantMatmul(isa)(x[t:t + 1].copy(), raw, qtype)[0], together[t])
+        assert np.array_equal(_product(isa, x[t:t + 1].copy(), raw, qtype)[0], together[t])
 
 
 @pytest.mark.parametrize("isa", [*ISAS, "float"])
@@ -153,7 +183,8 @@ def test_products_sharing_an_input_are_each_alone(isa):
                 for qtype, rows in ((T.Q4_0, 37), (T.Q4_K, 20), (T.Q8_0, 5), (T.Q6_K, 33), (T.F16, 3))]
     for n_tok in (1, cpu_quant_int8.TOKENS + 2):
         x = rng.standard_normal((n_tok, 2 * K_BLOCK)).astype(np.float32)
-        together = cpu_quant.QuantMatmul(isa).many(x, matrices)
+        qm = cpu_quant.QuantMatmul(isa)
+        together = qm.many(x, [(qm.pack(raw, qtype), qtype) for raw, qtype in matrices])
         for (raw, qtype), out in zip(matrices, together):
             assert out.shape == (n_tok, raw.shape[0])
-            assert np.array_equal(out, cpu_quant.QuantMatmul(isa)(x, raw, qtype))
+            assert np.array_equal(out, _product(isa, x, raw, qtype))

@@ -190,6 +190,46 @@ def test_batch_rows_are_constrained_each_on_its_own():
         jsonschema.validate(json.loads(results[f"s{i}"].text), schema)
 
 
+def test_a_mask_started_ahead_is_the_mask_computed_in_place():
+    """start() computes the next mask on the mask thread; allowed() and consume() wait for it, so a
+    matcher walked with masks started ahead matches one walked without, token for token."""
+    m, tok = tiny_model()
+    grammar = Grammar.json_schema(BOUNDED[3])
+    ahead, in_place = Matcher(grammar, tok), Matcher(grammar, tok)
+    logits = np.random.default_rng(4).standard_normal(tok.n_vocab).astype(np.float32)
+    sampler = Sampler(SamplingParams(temp=1.0, seed=3), 512)
+    for step in range(200):
+        ahead.start()
+        mask = in_place.allowed(tok.n_vocab)
+        if step % 5 != 4:   # else advanced while its mask is still in flight: consume waits for it
+            assert np.array_equal(ahead.allowed(tok.n_vocab), mask), step
+        token_id = sampler.sample(logits, mask)
+        ahead.consume(token_id)
+        in_place.consume(token_id)
+        if in_place.done:
+            break
+    assert ahead.done and in_place.done
+
+
+def test_the_batch_engine_starts_masks_before_the_forward_pass():
+    m, tok = tiny_model()
+    prompt = tok.encode("a b c")
+    rows = [Request(f"s{i}", prompt, SamplingParams(temp=1.0, seed=i), StopCriteria(400),
+                    grammar=Grammar.json_schema(schema)) for i, schema in enumerate(BOUNDED[:3])]
+    engine = BatchEngine(m, tok, 3, 512)
+    run, started = engine.runner.run, []
+
+    def run_and_look(work):
+        started.extend(w.row.seq.matcher._pending is not None for w in work if w.samples)
+        return run(work)
+
+    engine.runner.run = run_and_look
+    results = {r.id: r for r in engine.generate(rows)}
+    assert len(started) >= 3 * 5 and all(started)
+    for i, schema in enumerate(BOUNDED[:3]):
+        jsonschema.validate(json.loads(results[f"s{i}"].text), schema)
+
+
 def test_a_real_sentencepiece_model_writes_valid_json(gemma_path):
     from llogos_cli.model.loader import load
     loaded = load("gemma3-270m", "cpu", n_ctx=512)
@@ -197,7 +237,7 @@ def test_a_real_sentencepiece_model_writes_valid_json(gemma_path):
     text, stop = generate(loaded.model, loaded.tokenizer, Grammar.json_schema(schema), SamplingParams(temp=0.0))
     assert stop == "eos"
     jsonschema.validate(json.loads(text), schema)
-    gbnf = 'root ::= "- " word ("\\n- " word){2}\nword ::= [a-z]+'
+    gbnf = 'root ::= "- " word ("\\n- " word){2}\nword ::= [a-z]{1,12}'   # bounded: sampled, a word could run on
     text, stop = generate(loaded.model, loaded.tokenizer, Grammar.gbnf(gbnf), SamplingParams(temp=0.8, seed=3))
     lines = text.split("\n")
     assert stop == "eos" and len(lines) == 3 and all(line.startswith("- ") and line[2:].isalpha() for line in lines)

@@ -15,10 +15,11 @@ from tests.conftest import FIXTURES, copy_gguf, need, relative_error
 
 COMMITTED = Path(__file__).resolve().parent / "fixtures"
 FAMILIES = ["tiny-gemma2", "tiny-phi3", "tiny-phi3-longrope", "tiny-granite", "tiny-olmo2", "tiny-smollm3", "tiny-lfm2",
-            "tiny-qwen3moe"]
+            "tiny-qwen3moe", "tiny-gpt-oss", "tiny-qwen2moe"]
 CASES = [("tiny-llama", "f32"), ("tiny-llama", "q8_0"), ("tiny-qwen2", "f32"), ("tiny-qwen2", "q8_0"),
          ("tiny-qwen3", "f32"), ("tiny-gemma3", "f32"), ("tiny-gemma3", "q8_0"), ("tiny-qwen35", "f32"),
-         *((name, quant) for name in FAMILIES for quant in ("f32", "q8_0"))]
+         *((name, quant) for name in FAMILIES for quant in ("f32", "q8_0")),
+         ("tiny-gpt-oss", "mxfp4")]   # experts in MXFP4, as gpt-oss is published
 
 
 def load(name: str, quant: str = "f32") -> tuple[Model, dict]:

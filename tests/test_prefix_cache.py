@@ -96,3 +96,66 @@ def test_a_full_pool_stops_caching_and_never_hands_out_a_block_in_use():
     assert len(m.match(tokens(12, 100), 12)) == 3      # what is held is still there to share
     m.release(held)
     assert m.n_free == 0                                 # the match above still holds them
+
+
+# ---------------------------------------------------------------- the paged cache's blocks
+def test_taken_blocks_are_unnamed_and_come_back_before_the_named_ones():
+    m = BlockManager(6, B)
+    named = stored(m, tokens(8))                        # blocks 0 and 1, named
+    m.release(named)
+    fresh = m.take(3)
+    assert fresh == [2, 3, 4] and all(m.blocks[i].refs == 1 and m.blocks[i].digest == ROOT for i in fresh)
+    assert m.n_free == 3
+    m.release(fresh)
+    assert m.take(3) == [2, 3, 4]                       # unnamed first: the named prefix survives
+    assert len(m.match(tokens(8), 8)) == 2
+
+
+def test_take_evicts_the_least_recently_used_named_block_once_no_unnamed_one_is_left():
+    m = BlockManager(2, B)
+    m.release(stored(m, tokens(8)))
+    assert m.take(1) == [1]                             # the tail goes first
+    assert len(m.match(tokens(8), 8)) == 1              # the head is still there to hit
+
+
+def test_seal_names_full_written_blocks_so_a_later_prompt_hits_them():
+    m = BlockManager(8, B)
+    prompt = tokens(10)
+    table = m.take(3)                                   # a row's table for 10 tokens
+    assert m.seal(table, prompt, 6, 0) == 1             # one full block written so far
+    assert m.seal(table, prompt, 10, 1) == 2            # the third block is not full yet
+    assert m.blocks[table[2]].digest == ROOT
+    assert m.match(prompt, 10) == table[:2]             # the same names the hash chain gives
+    m.release(table[:2])                                # (the match's references)
+
+
+def test_seal_continues_the_chain_of_a_matched_prefix():
+    m = BlockManager(8, B)
+    m.release(stored(m, tokens(8)))
+    longer = tokens(12)
+    table = m.match(longer, 11)
+    assert len(table) == 2
+    table += m.take(1)
+    assert m.seal(table, longer, 12, 2) == 3
+    m.release(table)
+    assert len(m.match(longer, 12)) == 3
+
+
+def test_a_block_sealed_twice_is_shared_and_the_copy_freed():
+    m = BlockManager(4, B)
+    a, b = m.take(1), m.take(1)
+    m.seal(a, tokens(4), 4, 0)
+    m.seal(b, tokens(4), 4, 0)                          # the same tokens, written by another row
+    assert b == a and m.blocks[a[0]].refs == 2
+    assert m.n_free == 3                                # the duplicate went back
+    m.release(a)
+    m.release(b)
+    assert m.n_free == 4 and len(m.match(tokens(4), 4)) == 1
+
+
+def test_taking_every_block_leaves_none_free():
+    m = BlockManager(3, B)
+    held = m.take(3)
+    assert m.n_free == 0 and sorted(held) == [0, 1, 2]
+    m.release(held)
+    assert m.n_free == 3

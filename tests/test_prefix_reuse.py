@@ -73,12 +73,12 @@ def test_batched_rows_with_shared_prefixes_equal_the_engine_without_the_cache(na
         assert want[r.id].prefix_hit == 0
     hits = sum(r.prefix_hit for r in got.values())
     if name in ATTENTION_ONLY:
-        assert hits > 0 and engine.scheduler.blocks is not None
-    else:   # the hybrid's recurrent state cannot be rebuilt from KV blocks: no cache at all
-        assert hits == 0 and engine.scheduler.blocks is None and engine.runner.pool is None
+        assert hits > 0 and engine.scheduler.cache_prefixes
+    else:   # the hybrid's recurrent state cannot be rebuilt from KV blocks: its blocks are never named
+        assert hits == 0 and not engine.scheduler.cache_prefixes
+        assert not any(b.digest for b in engine.scheduler.blocks.blocks)
     assert engine.idle and engine.scheduler.slots.n_free == 2
-    if engine.scheduler.blocks is not None:   # every row gave its blocks back
-        assert all(b.refs == 0 for b in engine.scheduler.blocks.blocks)
+    assert all(b.refs == 0 for b in engine.scheduler.blocks.blocks)   # every row gave its blocks back
 
 
 @pytest.mark.parametrize("name", ATTENTION_ONLY)
@@ -133,20 +133,21 @@ def test_sampled_rows_are_the_same_with_and_without_the_cache():
     assert len({tuple(r.tokens) for r in got.values()}) > 1   # the rows really sampled
 
 
-def test_a_pool_too_small_for_a_prompt_still_runs_it_and_keeps_what_fits():
+def test_a_pool_of_one_context_runs_every_row_and_keeps_what_fits(monkeypatch):
+    """The smallest pool (one context's blocks, for 2 slots): rows wait or are preempted for blocks,
+    and the named blocks left over are still hit after another row has taken unnamed ones."""
     m, tok = load("tiny-llama")
     ps = prompts(m.cfg.n_vocab)
-    per_block = sum(kv.k[0, :, :BLOCK_SIZE].nbytes + kv.v[0, :, :BLOCK_SIZE].nbytes
-                    for kv in m.new_cache(1, BLOCK_SIZE).kv)
-    engine = BatchEngine(m, tok, 2, 128, prefix_cache_bytes=2 * per_block)   # two blocks
-    assert len(engine.scheduler.blocks.blocks) == 2
+    monkeypatch.setattr(memory, "host_available", lambda: 0)
+    engine = BatchEngine(m, tok, 2, 128, prefix_cache_bytes=CACHE)
+    assert len(engine.scheduler.blocks.blocks) == 128 // BLOCK_SIZE
     want = run(BatchEngine(m, tok, 2, 128, prefix_cache_bytes=0), [request("a", ps["a"]), request("b", ps["b"])])
     got = run(engine, [request("a", ps["a"]), request("b", ps["b"])])
     for rid in ("a", "b"):
         assert_same(got[rid], want[rid], rid)
-    run(engine, [request("x", [5] * 12, n_predict=1)])   # overwrites the slot "a" ran in, keeps no block
+    run(engine, [request("x", [5] * 12, n_predict=1)])   # takes a block no prompt can hit first
     again = run(engine, [request("same", ps["same"])])["same"]
-    assert again.prefix_hit == 32
+    assert again.prefix_hit == 48
     assert_same(again, run(BatchEngine(m, tok, 1, 128, prefix_cache_bytes=0), [request("same", ps["same"])])["same"],
                 "same")
 
@@ -199,15 +200,21 @@ def test_the_cuda_backend_reuses_prefixes_the_same_way(monkeypatch):
     assert [got[rid].prefix_hit for rid in order] == [0, 0, 48, 32]
 
 
-def test_the_pool_is_bounded_by_cache_ram_and_by_half_the_free_memory(monkeypatch):
+def test_the_pool_holds_the_slots_and_cache_ram_within_half_the_free_memory_and_one_context_at_least(monkeypatch):
     m, _ = load("tiny-llama")
     per_position = memory.kv_bytes_per_position(m.cfg, "cpu", "f32", "f32")
     assert per_position == sum(kv.k[0, :, 0].nbytes + kv.v[0, :, 0].nbytes for kv in m.new_cache(1, 1).kv)
     per_block = BLOCK_SIZE * per_position
-    monkeypatch.setattr(memory, "host_available", lambda: 10 * per_block)
-    assert memory.prefix_cache_blocks(m.cfg, "cpu", "f32", "f32", BLOCK_SIZE, 100 * per_block) == 5
-    assert memory.prefix_cache_blocks(m.cfg, "cpu", "f32", "f32", BLOCK_SIZE, 3 * per_block) == 3
+    row = 128 // BLOCK_SIZE
 
+    def blocks(available, cache_blocks):
+        monkeypatch.setattr(memory, "host_available", lambda: available * per_block)
+        return memory.kv_pool_blocks(m.cfg, "cpu", "f32", "f32", BLOCK_SIZE, 4, 128, cache_blocks * per_block)
+
+    assert blocks(1000, 5) == 4 * row + 5        # every slot full, and 5 blocks of --cache-ram
+    assert blocks(1000, 0) == 4 * row
+    assert blocks(20, 5) == 10                   # half of what is free
+    assert blocks(2, 5) == row                   # one context, whatever is free
 
 
 @pytest.mark.parametrize("name", NEW_FAMILIES)

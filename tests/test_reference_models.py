@@ -21,15 +21,19 @@ def loaded(request):
     return request.param, load(request.param, "cpu"), reference(request.param)
 
 
-def _exact(m, monkeypatch) -> None:
-    """Float32 activations throughout: the exact path, which the integer products (8-bit activations,
-    the default where the CPU has integer dot products) trade for speed as llama.cpp does."""
-    monkeypatch.setattr(m.model.b.quant_matmul, "isa", "float")
+@pytest.fixture(scope="module")
+def exact(loaded):
+    """The same model with float32 activations throughout: the exact path, which the integer
+    products (8-bit activations, the default where the CPU has integer dot products) trade for
+    speed as llama.cpp does."""
+    name, _, ref = loaded
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLOGOS_CPU_ISA", "float")
+        return name, load(name, "cpu"), ref
 
 
-def test_teacher_forced_logprobs_match_transformers_and_llama_cpp(loaded, monkeypatch):
-    name, m, ref = loaded
-    _exact(m, monkeypatch)
+def test_teacher_forced_logprobs_match_transformers_and_llama_cpp(exact):
+    name, m, ref = exact
     for case in ref["generation"]:
         prompt, generated = case["prompt_ids"], case["llamacpp"]["generated_ids"]
         assert m.tokenizer.encode(case["prompt"]) == prompt
@@ -38,9 +42,8 @@ def test_teacher_forced_logprobs_match_transformers_and_llama_cpp(loaded, monkey
         assert_teacher_forced(logits, case, 2e-3, name)
 
 
-def test_greedy_generation_reproduces_transformers(loaded, monkeypatch):
-    name, m, ref = loaded
-    _exact(m, monkeypatch)
+def test_greedy_generation_reproduces_transformers(exact):
+    name, m, ref = exact
     for case in ref["generation"]:
         expected = case["transformers_fp32"]
         gen = Generation(Session(m.model, 256), m.tokenizer, case["prompt_ids"],
@@ -91,11 +94,9 @@ NEAR_TIE = {"exact": 1e-3, "integer": 0.5}
 
 
 @pytest.mark.parametrize("products", NEAR_TIE)
-def test_sixteen_batched_rows_reproduce_each_prompt_alone(loaded, products, monkeypatch):
+def test_sixteen_batched_rows_reproduce_each_prompt_alone(loaded, exact, products):
     """The reference prompts, four rows each with different lengths, in one batch of 16 slots."""
-    name, m, ref = loaded
-    if products == "exact":
-        _exact(m, monkeypatch)
+    name, m, ref = exact if products == "exact" else loaded
     cases = [(c, n) for c in ref["generation"] for n in (6, 10, 14, 18)][:16]
     requests = [Request(i, c["prompt_ids"], SamplingParams(temp=0.0), StopCriteria(n, ignore_eos=True))
                 for i, (c, n) in enumerate(cases)]

@@ -9,7 +9,7 @@ import pytest
 
 from llogos_cli.paths import PROJECT_ROOT
 
-QUESTION = "What is the capital of France?"
+QUESTION = "What is the capital of France? Answer in one word."   # decisive at every token, with any products
 PROMPT = "\r\n> "
 
 

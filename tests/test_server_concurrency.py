@@ -1,11 +1,13 @@
 """`llogos serve` answering many distinct requests at once from a cold start, each with its own
-prompt's answer, and cancelling a request whose client has gone."""
+prompt's answer (plain, and structured with a schema of its own), and cancelling a request whose
+client has gone."""
 
 import asyncio
 import json
 import time
 
 import httpx
+import jsonschema
 import pytest
 
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
@@ -35,7 +37,7 @@ def _alone(env, requests) -> dict[str, dict]:
     """What `llogos batch` answers for each request, one at a time."""
     lines = "".join(json.dumps(r) + "\n" for r in requests)
     done = llogos(env, "batch", "-m", "smollm2-135m", "-np", "1", "-c", "256", "-n", str(N_PREDICT), "--temp", "0",
-                  "--logprobs", "2", stdin=lines)
+                  "--logprobs", "2", "--cpu-weights", "f32", stdin=lines)   # the servers' weights (auto, -np 8)
     assert done.returncode == 0, done.stderr
     return {r["id"]: r for r in map(json.loads, done.stdout.splitlines())}
 
@@ -76,7 +78,7 @@ def test_cold_servers_answer_concurrent_distinct_prompts_with_their_own_answers(
             return await asyncio.gather(*(_ask(client, url, r, stream=k % 2 == 0) for k, r in enumerate(checked)))
 
     for start in range(2):   # each a fresh process: a cold tokenizer, templates and caches
-        server = Server(env, tmp_path / f"log{start}", "-m", "smollm2-135m", "-np", "8", "-c", "256")
+        server = Server(env, tmp_path / f"log{start}", "-m", "smollm2-135m", "-np", "8", "-c", "256", "--cpu-weights", "f32")
         try:
             answers = asyncio.run(everyone(server.url))
         finally:
@@ -102,4 +104,54 @@ def test_a_non_streaming_request_whose_client_leaves_is_cancelled(env, tmp_path)
     finally:
         server.stop()
     assert server.proc.returncode == 0
+    assert "Traceback" not in server.log.read_text()
+
+
+STRUCTURED = [
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                      "people": {"type": "integer", "minimum": 0, "maximum": 10 ** 7}},
+     "required": ["city", "people"], "additionalProperties": False},
+    {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"type": ["string", "null"], "maxLength": 10}},
+     "required": ["ok", "note"], "additionalProperties": False},
+    {"anyOf": [{"type": "object", "properties": {"kind": {"const": "cat"},
+                                                 "lives": {"type": "integer", "minimum": 1, "maximum": 9}},
+                "required": ["kind", "lives"], "additionalProperties": False},
+               {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"],
+                "additionalProperties": False}]},
+]
+
+
+def test_a_cold_server_constrains_concurrent_requests_each_by_its_own_schema(env, tmp_path):
+    """Rows of four schemas side by side, sampled, half streamed, two choices each: every mask is
+    computed beside the forward pass on the mask thread, and each answer is valid for its own schema."""
+    async def ask(client, url, i):
+        schema = STRUCTURED[i % len(STRUCTURED)]
+        body = {"messages": [{"role": "user", "content": f"Answer {i} in JSON."}], "max_tokens": 80, "n": 2,
+                "temperature": 1.0, "seed": i, "stream": i % 2 == 0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema}}}
+        if not body["stream"]:
+            r = await client.post(url + "/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            return schema, [c["message"]["content"] for c in r.json()["choices"]]
+        texts = ["", ""]
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[len("data: "):])["choices"]:
+                        texts[choice["index"]] += choice["delta"].get("content") or ""
+        return schema, texts
+
+    async def everyone(url):
+        async with httpx.AsyncClient(timeout=300) as client:
+            return await asyncio.gather(*(ask(client, url, i) for i in range(8)))
+
+    server = Server(env, tmp_path / "log", "-m", "smollm2-135m", "-np", "8", "-c", "512")
+    try:
+        answers = asyncio.run(everyone(server.url))
+    finally:
+        server.stop()
+    for schema, texts in answers:
+        for text in texts:
+            jsonschema.validate(json.loads(text), schema)
     assert "Traceback" not in server.log.read_text()

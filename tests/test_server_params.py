@@ -1,13 +1,19 @@
-"""OpenAI chat parameters beyond sampling through `llogos serve`: logit_bias works, and what is not
-supported (n > 1) gets a 400 that names it."""
+"""OpenAI chat parameters beyond sampling through `llogos serve`: logit_bias, n choices (distinct,
+reproducible with a seed, streamed with their indices, counted once in usage, each constrained on its
+own, all freed when the client leaves), and 400s naming the parameters that are out of bounds."""
 
+import json
+import time
+
+import httpx
+import jsonschema
 import pytest
 
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.tokenizer.tokenizer import Tokenizer
 from tests.conftest import FIXTURES, need
 from tests.test_cli import env  # noqa: F401  (env is a fixture)
-from tests.test_server import Server
+from tests.test_server import Server, sse_events
 
 openai = pytest.importorskip("openai")
 
@@ -19,7 +25,7 @@ ASK = [{"role": "user", "content": "a b c"}]
 def tiny(env, tmp_path_factory):
     need(TINY)
     server = Server(env, tmp_path_factory.mktemp("params") / "log", "-m", str(TINY), "-np", "2",
-                    "--chat-template", "chatml")
+                    "--queue-size", "4", "-c", "1024", "--allow-long-ctx", "--chat-template", "chatml")
     yield server
     server.stop()
 
@@ -48,9 +54,103 @@ def test_logit_bias_bans_and_favours_tokens(tiny):
     ({"logit_bias": {"x": 5}}, "logit_bias"),
     ({"logit_bias": {"99999": 5}}, "logit_bias"),
     ({"logit_bias": {"3": 500}}, "logit_bias"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 7}, "n 7 is more choices than this server has slots and queue places (6)"),
 ])
 def test_unsupported_or_bad_parameters_are_400s_naming_them(tiny, body, fragment):
     r = tiny.post("/v1/chat/completions", {"messages": ASK, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith(fragment)
+
+
+# ---------------------------------------------------------------------------------------- n choices
+
+SAMPLED = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+LONG = {"max_tokens": 8, "extra_body": {"ignore_eos": True, **SAMPLED}}
+
+
+def test_n_choices_are_distinct_and_the_same_for_the_same_seed(tiny):
+    client = tiny.client()
+    first = client.chat.completions.create(model="x", messages=ASK, n=3, seed=11, **LONG)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    texts = [c.message.content for c in first.choices]
+    assert len(set(texts)) == 3, texts
+    again = client.chat.completions.create(model="x", messages=ASK, n=3, seed=11, **LONG)
+    assert [c.message.content for c in again.choices] == texts
+    alone = client.chat.completions.create(model="x", messages=ASK, seed=11, **LONG)
+    assert alone.choices[0].message.content == texts[0]          # choice 0 is what n = 1 answers
+    assert first.usage.prompt_tokens == alone.usage.prompt_tokens   # the prompt counts once...
+    assert first.usage.completion_tokens == 3 * 8                   # ...the completions of every choice
+    assert first.usage.total_tokens == first.usage.prompt_tokens + 3 * 8
+    unseeded = client.chat.completions.create(model="x", messages=ASK, n=2, **LONG)
+    assert unseeded.choices[0].message.content != unseeded.choices[1].message.content
+
+    done = client.completions.create(model="x", prompt="a b", n=2, seed=3, max_tokens=6,
+                                     extra_body={"ignore_eos": True, **SAMPLED})
+    assert [c.index for c in done.choices] == [0, 1] and done.choices[0].text != done.choices[1].text
+    assert done.usage.completion_tokens == 12
+
+
+def test_streamed_choices_carry_their_indices_and_one_usage_at_the_end(tiny):
+    whole = tiny.client().chat.completions.create(model="x", messages=ASK, n=3, seed=5, **LONG)
+    r = tiny.post("/v1/chat/completions", {"messages": ASK, "n": 3, "seed": 5, "max_tokens": 8, "ignore_eos": True,
+                                           "stream": True, "stream_options": {"include_usage": True}, **SAMPLED})
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [json.loads(e) for e in events[:-1]]
+    content, finish, roles = {}, {}, {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        assert chunk["usage"] is None
+        i = choice["index"]
+        content[i] = content.get(i, "") + (choice["delta"].get("content") or "")
+        roles[i] = roles.get(i) or choice["delta"].get("role")
+        finish[i] = choice["finish_reason"] or finish.get(i)
+    assert content == {c.index: c.message.content for c in whole.choices}
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"} and finish == {0: "length", 1: "length", 2: "length"}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 24
+    assert chunks[-1]["usage"]["prompt_tokens"] == whole.usage.prompt_tokens
+
+    plain = tiny.post("/v1/completions", {"prompt": "a b", "n": 2, "seed": 5, "max_tokens": 4, "ignore_eos": True,
+                                          "stream": True, **SAMPLED})
+    parts = [json.loads(e) for e in sse_events(plain.text)[:-1]]
+    assert {p["choices"][0]["index"] for p in parts} == {0, 1} and all("usage" not in p for p in parts)
+
+
+def test_each_choice_is_constrained_on_its_own(tiny):
+    schema = {"type": "object", "properties": {"word": {"type": "string", "maxLength": 6},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["word", "n"], "additionalProperties": False}
+    answer = tiny.client().chat.completions.create(
+        model="x", messages=ASK, n=3, seed=2, max_tokens=60, extra_body=SAMPLED,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}})
+    replies = [c.message.content for c in answer.choices]
+    for reply in replies:
+        jsonschema.validate(json.loads(reply), schema)
+    assert len(set(replies)) > 1
+    tool = {"type": "function", "function": {"name": "pick", "parameters": schema}}
+    calls = tiny.client().chat.completions.create(model="x", messages=ASK, n=2, seed=2, max_tokens=60,
+                                                  extra_body=SAMPLED, tools=[tool], tool_choice="required")
+    for choice in calls.choices:
+        assert choice.finish_reason == "tool_calls"
+        jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), schema)
+
+
+def test_a_client_leaving_a_stream_of_choices_frees_every_row(tiny):
+    before = tiny.metrics()['llogos_requests_total{outcome="cancelled"}']
+    with httpx.stream("POST", tiny.url + "/v1/completions", timeout=60, content=json.dumps(
+            {"prompt": "a b", "n": 3, "max_tokens": 1000, "ignore_eos": True, "stream": True})) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        deadline = time.monotonic() + 10
+        while tiny.metrics()["llogos_slots_busy"] + tiny.metrics()["llogos_queue_length"] < 3:
+            assert time.monotonic() < deadline, "the choices never all started"
+            time.sleep(0.02)
+    deadline = time.monotonic() + 5
+    while (m := tiny.metrics())["llogos_slots_busy"] or m["llogos_queue_length"]:
+        assert time.monotonic() < deadline, "a choice kept its row after the client left"
+        time.sleep(0.05)
+    assert m['llogos_requests_total{outcome="cancelled"}'] == before + 1
+    r = tiny.post("/v1/completions", {"prompt": "a", "n": 2, "max_tokens": 2, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

@@ -184,7 +184,7 @@ def prompt_text(template_source: str, body: dict) -> str:
     tok = Tokenizer.from_gguf(GGUFFile(need(FIXTURES / "tiny-llama-f32.gguf")))
     chat = ChatFormat(ChatTemplate(template_source, "test"), tok)
     prepared = prepare_chat(ChatCompletionRequest.model_validate(body), tok, chat, Defaults(SamplingParams(), 16), 8192)
-    return tok.decode(prepared.request.prompt, special=True)
+    return tok.decode(prepared.requests[0].prompt, special=True)
 
 
 @pytest.mark.parametrize("template", sorted(p.name for p in QWEN_TOOLS.parent.glob("*tools*.jinja")))
@@ -208,8 +208,8 @@ def render_stream(pieces: list[str], names: set[str], parallel: bool = True) -> 
     """What a client puts together from a ChatRenderer's chunks for a reply arriving in these pieces."""
     from llogos_cli.engine.batch import Result
     from llogos_cli.engine.sequence import Timings, Token
-    from llogos_cli.server.render import ChatRenderer
-    renderer = ChatRenderer("chatcmpl-x", "m", None, None, 5, False, frozenset(names), parallel)
+    from llogos_cli.server.render import ChatRenderer, Envelope
+    renderer = ChatRenderer(Envelope("chatcmpl-x", "m", None, None, False, frozenset(names), parallel))
     chunks = renderer.first() + [c for p in pieces if (c := renderer.token(Token(1, p))) is not None]
     content_before_end = "".join(json.loads(c[6:])["choices"][0]["delta"].get("content", "") for c in chunks)
     chunks += renderer.last(Result("chatcmpl-x", "".join(pieces), [1] * len(pieces), "eos", Timings()))

@@ -11,7 +11,9 @@ Every backend implements the same methods on its own array type (NumPy on CPU, C
   norms       rmsnorm(x, w, eps) · l2norm(x, eps)
   positions   rope(x, pos, dims, base, freq_scale, neox, factors=None, attn_factor=1)
   attention   kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) · kv_store(cache, k, v, layout)
-              attention(q, cache, layout, scale, window, softcap=0)
+              paged_kv_cache(tables, n_blocks, block_size, n_kv, dk, dv, type_k, type_v)
+              block_tables(n_rows, max_blocks) · write_block_table(tables, row, blocks)
+              attention(q, cache, layout, scale, window, softcap=0, sinks=None)
   ffn         glu(gate, up, gelu)
   experts     route(logits, k) · matmul_experts(x, w, experts, n_expert, weights=None)
   recurrence  zeros(shape) · ssm_conv(x, conv_state, w, layout) · delta_net(q, k, v, g, beta, state, layout)
@@ -26,6 +28,10 @@ has at most one run in a batch. batch_layout(slots, pos) (int32 host arrays) is 
 forward pass; what it returns is handed to every layer's kv_store, attention, ssm_conv and delta_net.
 
   kv_cache(n_slots, n_ctx, ...)  n_slots independent regions of n_ctx positions each
+  paged_kv_cache(tables, ...)    one pool of n_blocks blocks of block_size positions; slot s's
+                                 position p lies in block tables[s, p // block_size] (the batch
+                                 engine's cache: blocks taken as rows grow, shared between rows
+                                 whose prompts begin alike); write_block_table sets a row of them
   kv_store(cache, k, v, layout)  k (T, n_kv, dk), v (T, n_kv, dv): token t is written at
                                  (slots[t], pos[t])
   attention(q, cache, layout, scale, window, softcap=0)

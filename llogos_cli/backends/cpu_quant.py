@@ -1,20 +1,19 @@
 """The CPU's second `matmul`: products with GGUF matrices read in their blocks, never expanded.
 
-Two shapes of product, chosen by the number of tokens (measured crossovers, see docs/PERF.md):
-- few tokens (decode, small batches, short prompts): each weight row is decoded in registers and
-  dotted with every token's activations while it is in cache, rows shared out over every core.
-  Where the CPU has integer dot products, 8-bit activations (cpu_quant_int8; `isa`:
-  LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there is): up to INT8_MAX_TOKENS tokens
-  for the plain types, any number for the K types, whose rows are decoded once for every 4 tokens
-  (faster than the float32 tiles below at every size measured); otherwise, or with
-  `float`, up to MATVEC_MAX_TOKENS with float32 activations (cpu_quant_dot);
-- more tokens (batched decode, prefill) of the other types: tiles of rows are expanded to float32
+Two shapes of product:
+- where the CPU has integer dot products, every block type with 8-bit activations
+  (cpu_quant_int8; `isa`: LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there is), for
+  any number of tokens: the rows, repacked at load (`pack`), are unpacked in registers once for
+  every 4 tokens and dotted with their activations while in cache, rows shared out over every core;
+- otherwise, or with `float`: up to MATVEC_MAX_TOKENS tokens with float32 activations
+  (cpu_quant_dot), and for more tokens (batched decode, prefill) tiles of rows expanded to float32
   (cpu_quant_dequant) into one reused buffer and multiplied there, by cpu_rows for 2-64 rows, else
   by BLAS, so expanding a weight is paid once per tile, not once per token.
 F16 and BF16 matrices always take the tile path.
 """
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -24,14 +23,17 @@ from llogos_cli.backends.cpu_jit import restore_chunks, share_out
 from llogos_cli.backends.cpu_simd_int8 import ISA_ARG, host_isa
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
+from llogos_cli.gguf.file import drop_pages
 
 MATVEC_MAX_TOKENS = 4    # float32 activations
-INT8_MAX_TOKENS = 12     # 8-bit activations of the plain types: SmolLM2 12 tokens 47 ms against 52 from tiles, the 1B 255 against 437+
+PACK_BYTES = 16 << 20   # a matrix is repacked this much at a time, so that its two copies are never both whole in memory
+ROUTES_KEPT = 1024       # lists of matrices whose routes are kept (a model's own lists are a few hundred)
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
 INT16_BLOCK = 256              # activations share one scale per this many elements (a K-quant block)
 _NO_ROWS = np.empty((0, 0), np.uint8)   # a matrix of no rows and its product, padding the integer products' tuples
 _NO_ROWS.flags.writeable = False
 _NO_OUT = np.empty((0, 0), np.float32)
+_PADDING = [(_NO_OUT,) * (cpu_quant_int8.MATRICES - n) for n in range(cpu_quant_int8.MATRICES + 1)]   # by real products
 # Stand-ins for the per-token inputs a type's kernel does not read.
 _NO_SUMS = np.empty((MATVEC_MAX_TOKENS, 0), np.float32)
 _NO_INT16 = (np.empty((MATVEC_MAX_TOKENS, 2, 0), np.int16), np.empty((MATVEC_MAX_TOKENS, 2, 0), np.float32))
@@ -68,12 +70,12 @@ def _quantize8(x: np.ndarray, k_type: bool) -> tuple:
     n_tok, cols = x.shape
     if k_type:
         parts = (np.empty((n_tok, cols), np.int8), np.empty((n_tok, cols // cpu_quant_int8.K_BLOCK), np.float32),
-                 np.empty((n_tok, cols // cpu_quant_int8.K_SUM), np.int16))
+                 np.empty((n_tok, cols // cpu_quant_int8.K_SUM), np.int32))
         cpu_quant_int8.quantize_k_blocks(x, *parts)
     else:
-        n_blocks = cols // cpu_quant_int8.BLOCK
-        parts = (np.empty((n_tok, 2 * cols), np.int8), np.empty((n_tok, n_blocks), np.float32),
-                 np.empty((n_tok, n_blocks), np.float32))
+        pairs = -(-cols // (2 * cpu_quant_int8.BLOCK))
+        parts = (np.empty((n_tok, 64 * pairs), np.int8), np.empty((n_tok, 8 * pairs), np.float32),
+                 np.empty((n_tok, 8 * pairs), np.float32))
         cpu_quant_int8.quantize_blocks(x, *parts)
     return parts
 
@@ -104,23 +106,50 @@ class QuantMatmul:
         self.isa = choose_isa(isa if isa is not None else os.environ.get("LLOGOS_CPU_ISA"))
         self._quantized_of: np.ndarray | None = None
         self._quantized = None
-        self._plans: dict[tuple, tuple] = {}   # _plan's, by the identities of their matrices
+        self._routes: dict[tuple, _Route] = {}   # by the identities of their matrices
 
     def warm_up(self, qtypes: set) -> None:
         """Call each kernel that products of matrices of these types take once, as products call
         them (weights read-only, as memory-mapped from the file), so that compiling or loading them
         from numba's cache is done here, and only theirs."""
-        plain, k_block = _read_only(np.zeros((1, 34), np.uint8)), _read_only(np.zeros((1, 144), np.uint8))
+        plain = _read_only(np.zeros((1, 34), np.uint8))
         if self.isa in ISA_ARG:
             if qtypes & cpu_quant_int8.PLAIN_TYPES:
-                self.many(np.zeros((1, 32), np.float32), [(plain, T.Q8_0)])
+                self.many(np.zeros((1, 32), np.float32), [(self.pack(plain, T.Q8_0), T.Q8_0)])
             if qtypes & cpu_quant_int8.K_TYPES:
-                self.many(np.zeros((1, 256), np.float32), [(k_block, T.Q4_K)])
+                self.many(np.zeros((1, 256), np.float32), [(self.pack(np.zeros((1, 144), np.uint8), T.Q4_K), T.Q4_K)])
         elif qtypes & CPU_DOT_TYPES:
             self._matvec(np.zeros((1, 32), np.float32), plain, T.Q8_0)
-        if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.K_TYPES:   # prompts of other than K types
+        if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.TYPES:   # types the integer products do not take
             self._tiled(np.zeros((MATVEC_MAX_TOKENS + 1, 32), np.float32), plain, T.Q8_0, 1, 32)
             cpu_rows.warm_up()
+
+    def pack(self, raw: np.ndarray, qtype: T) -> np.ndarray:
+        """A matrix's rows as this object's products take them: repacked for the integer products
+        (cpu_quant_int8.packed_rows), or as they are. Every matrix given to a product must come
+        from here."""
+        if not self._packs(qtype):
+            return raw
+        out = cpu_quant_int8.new_packed_rows(raw, qtype)
+        step = max(1, PACK_BYTES // raw.shape[1])
+        for r0 in range(0, raw.shape[0], step):   # a part at a time, each part's pages given back once read
+            cpu_quant_int8.pack_rows(_read_only(raw[r0:r0 + step]), qtype, out[r0:r0 + step])
+            drop_pages(raw[r0:r0 + step])
+        out.flags.writeable = False
+        return out
+
+    def _packs(self, qtype: T) -> bool:
+        return self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES
+
+    def _features(self, rows: np.ndarray, qtype: T) -> tuple[int, ...]:
+        """The feature counts of the x a matrix from `pack` multiplies (a packed plain row holds
+        whole pairs of blocks, so either of the last two block counts)."""
+        if not self._packs(qtype):
+            return (quants.row_elements(rows, qtype),)
+        if qtype in cpu_quant_int8.K_TYPES:
+            return (rows.shape[1] // cpu_quant_int8.K_PACKED[qtype.name.lower()][0] * cpu_quant_int8.K_BLOCK,)
+        pair = 2 * cpu_quant_int8.BLOCK * (rows.shape[1] // cpu_quant_int8.PLAIN_PACKED[qtype.name.lower()][0])
+        return (pair - cpu_quant_int8.BLOCK, pair)
 
     def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
         return self.many(x, [(raw, qtype)])[0]
@@ -129,22 +158,40 @@ class QuantMatmul:
         """x times each (raw, qtype) matrix of the list, which share it as their input (q, k and v;
         gate and up): those of the integer products in one call for each form of activations."""
         x = np.ascontiguousarray(x, np.float32)
+        route = self._routes.get(tuple([id(m[0]) for m in matrices])) or self._route(matrices)
+        assert x.shape[1] in route.features, f"x has {x.shape[1]} features, not a row's of every matrix"
+        if not route.others and len(route.int8) == 1:   # a decode step's usual case, in as little Python as it takes
+            return self._matvec8(x, route.int8[0][2], route.int8[0][0])
         outs: list = [None] * len(matrices)
-        int8: dict[bool, list[int]] = {}   # K type or not -> the matrices
-        for i, (raw, qtype) in enumerate(matrices):
-            rows, cols = raw.shape[0], quants.row_elements(raw, qtype)
-            assert x.shape[1] == cols, f"x has {x.shape[1]} features, the matrix {cols}"
-            k_type = qtype in cpu_quant_int8.K_TYPES
-            if self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES and (x.shape[0] <= INT8_MAX_TOKENS or k_type):
-                int8.setdefault(k_type, []).append(i)
-            elif x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
+        for i in route.others:
+            raw, qtype = matrices[i]
+            if x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
                 outs[i] = self._matvec(x, raw, qtype)
             else:
-                outs[i] = self._tiled(x, raw, qtype, rows, cols)
-        for k_type, chosen in int8.items():
-            for i, out in zip(chosen, self._matvec8(x, [matrices[i] for i in chosen], k_type)):
+                outs[i] = self._tiled(x, raw, qtype, raw.shape[0], x.shape[1])
+        for k_type, chosen, plan in route.int8:
+            for i, out in zip(chosen, self._matvec8(x, plan, k_type)):
                 outs[i] = out
         return outs
+
+    def _route(self, matrices: list[tuple[np.ndarray, T]]) -> "_Route":
+        """Which products of the list run in integers, in one call per form of activations, with
+        their kernels' arguments: found once per list (held, so that no other array can take the
+        identity of one of its matrices)."""
+        chosen: dict[bool, list[int]] = {}   # K type or not -> the matrices
+        others = []
+        for i, (_, qtype) in enumerate(matrices):
+            if self._packs(qtype):
+                chosen.setdefault(qtype in cpu_quant_int8.K_TYPES, []).append(i)
+            else:
+                others.append(i)
+        features = set.intersection(*(set(self._features(raw, qtype)) for raw, qtype in matrices))
+        route = _Route(matrices, frozenset(features), others,
+                       [(k_type, idx, self._plan([matrices[i] for i in idx])) for k_type, idx in chosen.items()])
+        if len(self._routes) >= ROUTES_KEPT:   # the experts' slices are new arrays every step
+            self._routes.clear()
+        self._routes[tuple(id(raw) for raw, _ in matrices)] = route
+        return route
 
     @staticmethod
     def _matvec(x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
@@ -158,40 +205,36 @@ class QuantMatmul:
             restore_chunks(before)
         return out
 
-    def _matvec8(self, x: np.ndarray, matrices: list[tuple[np.ndarray, T]], k_type: bool) -> list[np.ndarray]:
+    def _matvec8(self, x: np.ndarray, plan: tuple, k_type: bool) -> list[np.ndarray]:
         if x is not self._quantized_of:
             self._quantized = {}
             self._quantized_of = x   # held, so that no other array can take its identity meanwhile
         if k_type not in self._quantized:
             self._quantized[k_type] = _quantize8(x, k_type)
-        raws, codes, firsts = self._plan(matrices)
-        outs = tuple(np.empty((x.shape[0], raw.shape[0]), np.float32) for raw, _ in matrices)
-        outs += (_NO_OUT,) * (len(raws) - len(outs))
+        raws, codes, firsts, n = plan
+        outs = tuple([np.empty((x.shape[0], raw.shape[0]), np.float32) for raw in raws[:n]]) + _PADDING[n]
         before = share_out(int(firsts[-1]))
         try:
             if k_type:
-                cpu_quant_int8.matvec8_k(raws, codes, firsts, *self._quantized[k_type], outs)
+                cpu_quant_int8.matvec8_k(raws, codes, firsts, *self._quantized[k_type], outs, ISA_ARG[self.isa])
             else:
                 cpu_quant_int8.matvec8(raws, codes, firsts, *self._quantized[k_type], outs, ISA_ARG[self.isa])
         finally:
             restore_chunks(before)
-        return list(outs[:len(matrices)])
+        return list(outs[:n]) if n < len(outs) else list(outs)
 
-    def _plan(self, matrices: list[tuple[np.ndarray, T]]) -> tuple:
-        """The integer kernels' arguments for these matrices, made once per list of them: the raw
-        rows as MATRICES arrays of one numba type (as a tuple indexed at run time needs; padded
-        with matrices of no rows), their type codes, and where each one's chunks of rows start."""
-        key = tuple(id(raw) for raw, _ in matrices)
-        plan = self._plans.get(key)
-        if plan is None:   # the plan holds the arrays, so no other array can take their identities
-            pad = cpu_quant_int8.MATRICES - len(matrices)
-            assert pad >= 0, f"at most {cpu_quant_int8.MATRICES} products in one call"
-            raws = tuple(_read_only(raw) for raw, _ in matrices) + (_NO_ROWS,) * pad
-            codes = np.array([int(qtype) for _, qtype in matrices] + [0] * pad, np.int64)
-            firsts = np.zeros(len(raws) + 1, np.int64)
-            firsts[1:] = np.cumsum([-(-raw.shape[0] // cpu_quant_int8.CHUNK) for raw in raws])
-            plan = self._plans[key] = (raws, codes, firsts)
-        return plan
+    @staticmethod
+    def _plan(matrices: list[tuple[np.ndarray, T]]) -> tuple:
+        """The integer kernels' arguments for these matrices: the rows as MATRICES arrays of one
+        numba type (as a tuple indexed at run time needs; padded with matrices of no rows), their
+        type codes, where each one's chunks of rows start, and how many are real."""
+        pad = cpu_quant_int8.MATRICES - len(matrices)
+        assert pad >= 0, f"at most {cpu_quant_int8.MATRICES} products in one call"
+        raws = tuple(_read_only(raw) for raw, _ in matrices) + (_NO_ROWS,) * pad
+        codes = np.array([int(qtype) for _, qtype in matrices] + [0] * pad, np.int64)
+        firsts = np.zeros(len(raws) + 1, np.int64)
+        firsts[1:] = np.cumsum([-(-raw.shape[0] // cpu_quant_int8.CHUNK) for raw in raws])
+        return raws, codes, firsts, len(matrices)
 
     def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
         step = max(1, TILE_ELEMENTS // cols)
@@ -207,3 +250,11 @@ class QuantMatmul:
             else:
                 out[:, r0:r1] = x @ tile.T
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    matrices: list        # held: their identities are the key
+    features: frozenset   # the feature counts of an x that every matrix multiplies
+    others: list          # the matrices not multiplied in integers
+    int8: list            # (K types or not, their indices, their kernels' arguments)

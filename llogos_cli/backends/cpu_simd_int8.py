@@ -17,9 +17,12 @@ The 8 int32 lanes are converted and multiplied by d · dx into a float vector su
 (Each xq byte is in fact two, xhi and xlo, see cpu_quant_int8: the instructions run twice.)
 
 The K types (k_row_dot8) take one scale per 256 activations (llama.cpp's Q8_K), so a block's
-sub-blocks add up in integers: `vpmaddubsw` (quants by activations, byte pairs into int16), then
-`vpmaddwd` by the sub-block's integer scale (into int32, fused with the add into `vpdpwssd` where
-VNNI has it), and one conversion a block. Both instruction sets run the same code there.
+sub-blocks add up in integers. Their rows are repacked at load (K_PACKED) so that each int32 lane
+of a 256-bit vector gathers one 32-weight group of the block, the activations quantized in the same
+order: the same instruction as above (`_dot4`) then leaves each group's sum in its own lane, which
+one `vpmulld` multiplies by the groups' scales, and one conversion serves the block. In GGUF's own
+order a group's quants fill whole vectors, and each needs its scale broadcast and its sum folded
+on its own: the repacking halves the instructions a block costs.
 
 The instruction set is a compile-time choice: the kernels take `isa` as a NumPy scalar whose type
 names it (ISA_ARG), so that each set is its own specialisation in numba's cache and a test can
@@ -39,15 +42,12 @@ from llogos_cli.backends.cpu_simd import (
     I16,
     I32,
     I64,
-    PLAIN,
     at,
     broadcast,
     const,
-    each_block,
     f16_at,
     fsum,
     load,
-    plain_quants,
     vec,
 )
 
@@ -75,194 +75,224 @@ def _call(builder, name: str, ret: ir.Type, *args):
     return builder.call(fn, args)
 
 
-def _int_dot(builder, isa: str, name: str, q, xhi, xlo):
-    """<8 x i32> partial sums of Σ u · (254 · xhi + xlo) over the block, u the unsigned quants (see
-    the module): at most 32 · 255 · 127 · 255 < 2^31."""
-    if isa == "vnni":
-        if name == "q8_0":
-            q = builder.xor(q, const(I8, 32, -128))   # q + 128 as an unsigned byte
-        u = builder.bitcast(q, vec(I32, 8))
-
-        def dot(acc, x):
-            return _call(builder, "llvm.x86.avx512.vpdpbusd.256", vec(I32, 8), acc, u, builder.bitcast(x, vec(I32, 8)))
-        return dot(_times_254(builder, dot(const(I32, 8, 0), xhi)), xlo)
-    if name == "q8_0":   # |q| · (x with q's sign): the same products, a byte pair-sum within int16
-        xhi, xlo = (_call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, q) for x in (xhi, xlo))
-        q = _call(builder, "llvm.abs.v32i8", vec(I8, 32), q, ir.Constant(ir.IntType(1), 0))
-
-    def dot(x):
-        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), q, x)
-        return _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), pairs, const(I16, 16, 1))
-    return builder.add(_times_254(builder, dot(xhi)), dot(xlo))
-
-
-def _times_254(builder, v):
-    return builder.sub(builder.shl(v, const(I32, 8, 8)), builder.shl(v, const(I32, 8, 1)))
-
-
 def _scalar(context, builder, array_t, array, index, elem: ir.Type):
     return builder.extract_element(load(context, builder, array_t, array, index, elem, 1), ir.Constant(I32, 0))
 
 
-def plain_row_dot8(name: str):
-    """An intrinsic dot(row, xq, dx, sx, isa) -> float32: Σ over the row's `name` blocks of the
-    weights times one token's two-byte activations (xq int8, dx and sx float32 per 32), in `isa`'s
-    integer instructions."""
-    size, d_at, m_at, _, _, stored_bias = PLAIN[name]
-
-    @intrinsic
-    def dot(typingctx, row, xq, dx, sx, isa):
-        if isa not in _ISA_OF_TYPE:
-            return None
-        chosen = _ISA_OF_TYPE[isa]
-        # the bias of the unsigned bytes _int_dot multiplies: with VNNI, Q8_0's are q + 128
-        bias = 128 if name == "q8_0" and chosen == "vnni" else stored_bias
-
-        def codegen(context, builder, sig, args):
-            row_t, xq_t, dx_t, sx_t, _ = sig.args
-            row, xq, dx, sx, _ = args
-            acc = cgutils.alloca_once_value(builder, const(F32, 8, 0.0))
-            offsets = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
-            with each_block(context, builder, row_t, row, size) as (o, e):
-                k = builder.udiv(e, ir.Constant(I64, 32))
-                isum = _int_dot(builder, chosen, name, plain_quants(context, builder, row_t, row, o, name),
-                                load(context, builder, xq_t, xq, builder.add(e, e), I8, 32),
-                                load(context, builder, xq_t, xq, at(builder, builder.add(e, e), 32), I8, 32))
-                d = f16_at(context, builder, row_t, row, at(builder, o, d_at))
-                step = builder.fmul(d, builder.fmul(_scalar(context, builder, dx_t, dx, k, F32), ir.Constant(F32, 1 / 254)))
-                product = builder.fmul(builder.sitofp(isum, vec(F32, 8)), broadcast(builder, step, 8), flags=["fast"])
-                builder.store(builder.fadd(builder.load(acc), product, flags=["fast"]), acc)
-                # the offset of every weight from d · u: m (if any) less bias · d; none, where both are 0
-                offset = builder.fmul(ir.Constant(F32, -float(bias)), d) if bias else None
-                if m_at is not None:
-                    m = f16_at(context, builder, row_t, row, at(builder, o, m_at))
-                    offset = m if offset is None else builder.fadd(offset, m)
-                if offset is not None:
-                    sxk = _scalar(context, builder, sx_t, sx, k, F32)
-                    builder.store(builder.fadd(builder.load(offsets), builder.fmul(offset, sxk)), offsets)
-            return builder.fadd(fsum(builder, builder.load(acc)), builder.load(offsets))
-        return types.float32(row, xq, dx, sx, isa), codegen
-    return dot
+# The plain types' rows as cpu_quant_int8.packed_rows lays them out: two blocks at a time (a pair,
+# the second all zeros past an odd count), their d (and m) as two float16s, then their quants so
+# that int32 lanes 0-3 of a vector hold the first block's, 4-7 the second's: A (elements 0-15 of
+# each) and B (16-31), the 4-bit types' 32 bytes of nibbles as they are (low nibbles A, high B),
+# Q8_0's 64 bytes as A then B; Q5's fifth bits as two u32 masks, bit p for byte p of A, then of B.
+# name: (bytes, d at, m at, masks at, quants at, the quants' bias).
+PLAIN_PACKED = {
+    "q8_0": (68, 0, None, None, 4, 0),
+    "q4_0": (36, 0, None, None, 4, 8),
+    "q4_1": (40, 0, 2 * 2, None, 8, 0),
+    "q5_0": (44, 0, None, 4, 12, 16),
+    "q5_1": (48, 0, 4, 8, 16, 0),
+}
 
 
-def _k_quants(context, builder, row_t, row, o, name: str) -> list:
-    """The 256-weight block at byte o as eight <32 x i8> vectors of unsigned quants, in element order.
-    Q4_K: qs at 16, 32 bytes per pair of sub-blocks (low nibbles the first, high the second);
-    Q5_K: the same at 48, plus bit j of qh[l] (32 bytes at 16) as sub-block j's fifth bits;
-    Q6_K: per half h, bytes a = ql[64h:+32], c = ql[64h+32:+32], bits = qh[32h:+32] (qh at 128)
-    give its four quarters a & 15, c & 15, a >> 4, c >> 4 with two high bits each from bits."""
-    low, four = const(I8, 32, 15), const(I8, 32, 4)
-    if name == "q6_k":
-        quants = []
-        for h in range(2):
-            a = load(context, builder, row_t, row, at(builder, o, 64 * h), I8, 32)
-            c = load(context, builder, row_t, row, at(builder, o, 64 * h + 32), I8, 32)
-            bits = load(context, builder, row_t, row, at(builder, o, 128 + 32 * h), I8, 32)
-            for nibbles, shift in ((builder.and_(a, low), 0), (builder.and_(c, low), 2),
-                                   (builder.lshr(a, four), 4), (builder.lshr(c, four), 6)):
-                high = builder.and_(builder.lshr(bits, const(I8, 32, shift)), const(I8, 32, 3))
-                quants.append(builder.or_(nibbles, builder.shl(high, four)))
-        return quants
-    qs_at = 16 if name == "q4_k" else 48
-    qh = load(context, builder, row_t, row, at(builder, o, 16), I8, 32) if name == "q5_k" else None
-    quants = []
-    for g in range(4):
-        v = load(context, builder, row_t, row, at(builder, o, qs_at + 32 * g), I8, 32)
-        for k, q in enumerate((builder.and_(v, low), builder.lshr(v, four))):
-            if qh is not None:
-                bit = builder.and_(builder.lshr(qh, const(I8, 32, 2 * g + k)), const(I8, 32, 1))
-                q = builder.or_(q, builder.shl(bit, four))
-            quants.append(q)
+def _pair_quants(context, builder, row_t, row, o, name: str) -> list:
+    """A pair's quants as the vectors A and B (<32 x i8>): unsigned, except Q8_0's."""
+    _, _, _, masks_at, qs_at, _ = PLAIN_PACKED[name]
+    if name == "q8_0":
+        return [load(context, builder, row_t, row, at(builder, o, qs_at + 32 * h), I8, 32) for h in range(2)]
+    v = load(context, builder, row_t, row, at(builder, o, qs_at), I8, 32)
+    quants = [builder.and_(v, const(I8, 32, 15)), builder.lshr(v, const(I8, 32, 4))]
+    if masks_at is not None:   # the fifth bit where the mask has it
+        bits = [builder.bitcast(load(context, builder, row_t, row, at(builder, o, masks_at + 4 * h), I32, 1),
+                                vec(ir.IntType(1), 32)) for h in range(2)]
+        quants = [builder.select(b, builder.or_(q, const(I8, 32, 16)), q) for q, b in zip(quants, bits)]
     return quants
 
 
-_K_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+def _pair_halves(context, builder, row_t, row, at_byte):
+    """The two float16s at at_byte, each in four lanes of a <8 x float>."""
+    two = builder.bitcast(load(context, builder, row_t, row, at_byte, I16, 2), vec(ir.HalfType(), 2))
+    wide = builder.fpext(two, vec(F32, 2))
+    return builder.shuffle_vector(wide, wide, ir.Constant(vec(I32, 8), [0] * 4 + [1] * 4))
 
 
-def _pick(builder, v, lanes: list[int]):
-    return builder.shuffle_vector(v, v, ir.Constant(vec(I32, len(lanes)), lanes))
+def plain_row_dot8(name: str, n_tok: int):
+    """An intrinsic dot(row, xq, dx, sx, t, isa) -> n_tok float32 sums: the packed plain-type row
+    (PLAIN_PACKED) times tokens t .. t + n_tok - 1 of activations as cpu_quant_int8.quantize_blocks
+    lays them out (C-order 2-D): per pair of blocks, 64 int8 quants (A then B) and, per int32
+    lane, the scale dx of its block and sx = dx · the sum of the lane's eight quants. A pair's
+    quants are unpacked once for all the tokens; `_dot4` leaves each lane's integer sum, and
+
+        Σ_l w_l · x_l ≈ Σ_lanes dx · d · Σ u · xq + (m - bias · d) · sx
+
+    adds into one float vector per token, summed once per row, in a fixed order (ORDERED), so that
+    a token's sum does not depend on the tokens beside it. Q8_0's signed quants multiply as |q|
+    times x with q's sign (`vpsignb`), whose byte pair-sums stay within int16 for AVX2, and both
+    instruction sets then compute the same sums."""
+    size, d_at, m_at, _, _, stored_bias = PLAIN_PACKED[name]
+
+    @intrinsic
+    def dot(typingctx, row, xq, dx, sx, t, isa):
+        if isa not in _ISA_OF_TYPE:
+            return None
+        chosen = _ISA_OF_TYPE[isa]
+
+        def codegen(context, builder, sig, args):
+            row_t, xq_t, dx_t, sx_t, _, _ = sig.args
+            row, xq, dx, sx, t, _ = args
+            per_token = builder.udiv(builder.extract_value(context.make_array(xq_t)(context, builder, xq).shape,
+                                                           xq_t.ndim - 1), ir.Constant(I64, 64))
+            n_pairs = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
+                                   ir.Constant(I64, size))
+            tokens = [builder.add(t, ir.Constant(I64, i)) for i in range(n_tok)]
+            accs = [cgutils.alloca_once_value(builder, const(F32, 8, 0.0)) for _ in range(n_tok)]
+            with cgutils.for_range(builder, n_pairs) as loop:
+                o = builder.mul(loop.index, ir.Constant(I64, size))
+                d = _pair_halves(context, builder, row_t, row, at(builder, o, d_at))
+                offset = _pair_halves(context, builder, row_t, row, at(builder, o, m_at)) if m_at is not None else None
+                if stored_bias:
+                    offset = builder.fmul(d, const(F32, 8, -float(stored_bias)), flags=ORDERED)
+                quants = _pair_quants(context, builder, row_t, row, o, name)
+                if name == "q8_0":
+                    signs, quants = quants, [_call(builder, "llvm.abs.v32i8", vec(I8, 32), q, ir.Constant(ir.IntType(1), 0))
+                                             for q in quants]
+                for token, acc in zip(tokens, accs):
+                    pair = builder.add(builder.mul(token, per_token), loop.index)
+                    xs = [load(context, builder, xq_t, xq, builder.add(builder.mul(pair, ir.Constant(I64, 64)),
+                                                                       ir.Constant(I64, 32 * h)), I8, 32) for h in range(2)]
+                    if name == "q8_0":
+                        xs = [_call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, q) for x, q in zip(xs, signs)]
+                    isum = _dot4(builder, chosen, _dot4(builder, chosen, const(I32, 8, 0), quants[0], xs[0]), quants[1], xs[1])
+                    lanes = builder.mul(pair, ir.Constant(I64, 8))
+                    scaled = builder.fmul(builder.sitofp(isum, vec(F32, 8)), load(context, builder, dx_t, dx, lanes, F32, 8),
+                                          flags=ORDERED)
+                    pair_sum = builder.fmul(scaled, d, flags=ORDERED)
+                    if offset is not None:   # one explicit fused step: LLVM's own choice of what to fuse could differ by kernel
+                        pair_sum = _call(builder, "llvm.fma.v8f32", vec(F32, 8), offset,
+                                         load(context, builder, sx_t, sx, lanes, F32, 8), pair_sum)
+                    # one addition a pair on the accumulator's chain, the rest beside it
+                    builder.store(builder.fadd(builder.load(acc), pair_sum, flags=ORDERED), acc)
+            return context.make_tuple(builder, sig.return_type, [fsum(builder, builder.load(a)) for a in accs])
+        return types.UniTuple(types.float32, n_tok)(row, xq, dx, sx, t, isa), codegen
+    return dot
 
 
-def _k_scales_mins(context, builder, row_t, row, o):
-    """A Q4_K/Q5_K block's eight six-bit scales and mins (12 bytes at o + 4) as <8 x i16> each:
-    j < 4 from the low six bits of bytes j and j + 4, j >= 4 from the nibbles of byte j + 4 and
-    the top two bits of bytes j - 4 and j."""
-    b = load(context, builder, row_t, row, at(builder, o, 4), I8, 16)   # past the 12 bytes: the block goes on
-    first, second, third = (_pick(builder, b, list(range(k, k + 4))) for k in (0, 4, 8))
-    six, four, fifteen = const(I8, 4, 63), const(I8, 4, 4), const(I8, 4, 15)
-    tops = [builder.shl(builder.lshr(v, const(I8, 4, 6)), four) for v in (first, second)]
-    scales = builder.shuffle_vector(builder.and_(first, six), builder.or_(builder.and_(third, fifteen), tops[0]),
-                                    ir.Constant(vec(I32, 8), list(range(8))))
-    mins = builder.shuffle_vector(builder.and_(second, six), builder.or_(builder.lshr(third, four), tops[1]),
-                                  ir.Constant(vec(I32, 8), list(range(8))))
-    return builder.zext(scales, vec(I16, 8)), builder.zext(mins, vec(I16, 8))
+# The K types' rows as pack_k_rows lays them out (cpu_quant_int8): per 256-weight block, its float16
+# scale(s), its sub-block scales (and mins) one byte each, then its quants so that byte b of lane i
+# (bytes 4i..4i+3) of unpacked vector m holds quant 32i + 4m + b: each of a vector's eight int32
+# lanes gathers one 32-weight group of the block. name: (bytes, scales at, quants at, high bits at).
+K_PACKED = {
+    "q4_k": (148, 4, 20, None),   # d, dmin; 8 scales, 8 mins (u8); qs: 4 × 32 bytes of nibbles
+    "q5_k": (180, 4, 52, 20),     # as Q4_K, plus 32 bytes: bit m of byte 4i + b is quant (i, m, b)'s fifth
+    "q6_k": (210, 2, 18, 146),    # d; 16 scales (i8); ql as Q4_K's qs; qh: 2 × 32 bytes of 2-bit highs
+}
 
 
-def _scaled_pair_sums(builder, q, x, scales):
-    """<8 x i32>: Σ u · x over each 4 bytes of the unsigned quants q and signed activations x
-    (<32 x i8>), the products of bytes 2i and 2i + 1 times scales[i] (<16 x i16>). No sum
-    saturates: |u · x| <= 63 · 127, so a pair is within 16002 of zero."""
-    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), q, x)
-    return _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), pairs, scales)
+def _dot4(builder, isa: str, acc, u, x):
+    """acc (<8 x i32>) plus, in each lane, the sum of its four products of unsigned bytes u by signed
+    bytes x (<32 x i8>): `vpdpbusd` with VNNI; `vpmaddubsw` then `vpmaddwd` by ones with AVX2, whose
+    pair-sums (at most 2 · 63 · 127) do not saturate."""
+    if isa == "vnni":
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", vec(I32, 8), acc,
+                     builder.bitcast(u, vec(I32, 8)), builder.bitcast(x, vec(I32, 8)))
+    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), u, x)
+    return builder.add(acc, _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), pairs, const(I16, 16, 1)))
+
+
+def _shift(builder, v, left: int):
+    """v's bytes shifted left by `left` bits (right if negative)."""
+    if left > 0:
+        return builder.shl(v, const(I8, 32, left))
+    return builder.lshr(v, const(I8, 32, -left)) if left < 0 else v
+
+
+def _packed_quants(context, builder, row_t, row, o, name: str) -> list:
+    """The eight unpacked <32 x i8> vectors of unsigned quants of the packed block at byte o."""
+    _, _, qs_at, high_at = K_PACKED[name]
+    low, four = const(I8, 32, 15), const(I8, 32, 4)
+    nibbles = [load(context, builder, row_t, row, at(builder, o, qs_at + 32 * n), I8, 32) for n in range(4)]
+    quants = [builder.and_(v, low) for v in nibbles] + [builder.lshr(v, four) for v in nibbles]
+    if name == "q5_k":   # bit m of the high bytes to bit 4
+        high = load(context, builder, row_t, row, at(builder, o, high_at), I8, 32)
+        return [builder.or_(q, builder.and_(_shift(builder, high, 4 - m), const(I8, 32, 16))) for m, q in enumerate(quants)]
+    if name == "q6_k":   # bits 2k, 2k + 1 of high vector m // 4 (k = m % 4) to bits 4, 5
+        highs = [load(context, builder, row_t, row, at(builder, o, high_at + 32 * h), I8, 32) for h in range(2)]
+        return [builder.or_(q, builder.and_(_shift(builder, highs[m // 4], 4 - 2 * (m % 4)), const(I8, 32, 48)))
+                for m, q in enumerate(quants)]
+    return quants
+
+
+def _block_scales(context, builder, row_t, row, o, name: str, scales_at: int):
+    """A packed block's sub-block scales as <8 x i32>: Q6_K's two vectors (its even and its odd
+    16-weight sub-blocks, signed), the others' scales and mins (unsigned)."""
+    def eight(k: int, extend):
+        return extend(load(context, builder, row_t, row, at(builder, o, scales_at + 8 * k), I8, 8), vec(I32, 8))
+    if name == "q6_k":
+        return eight(0, builder.sext), eight(1, builder.sext)
+    return eight(0, builder.zext), eight(1, builder.zext)
 
 
 def k_row_dot8(name: str, n_tok: int):
-    """An intrinsic dot(row, xq, dx, xs, t) -> n_tok float32 sums: the K type `name` (q4_k, q5_k,
-    q6_k) row times tokens t .. t + n_tok - 1 of activations quantized as llama.cpp's Q8_K, C-order
-    2-D arrays (or one token's rows with t = 0): per 256 elements one scale dx and int8 quants xq, with xs the sums of xq over each
-    16 (cpu_quant_int8.quantize_k_blocks). Each block's quants and scales are decoded once for all
-    the tokens. A block's products are summed in integers, each sub-block's times its integer
-    scale; its mins (Q4_K, Q5_K) or its quants' bias of 32 (Q6_K) are taken against xs; the block
-    then adds d · dx times its sum into one float vector per token, summed once per row. Both
-    instruction sets run this code: AVX2 has every instruction it needs. Its float steps run in a
-    fixed order (ORDERED), so that a token's sum is the same whichever tokens it is multiplied with."""
-    size = _K_BYTES[name]
+    """An intrinsic dot(row, xq, dx, xs, t, isa) -> n_tok float32 sums: the packed K-type row (q4_k,
+    q5_k, q6_k; see K_PACKED) times tokens t .. t + n_tok - 1 of the activations as
+    cpu_quant_int8.quantize_k_blocks lays them out (C-order 2-D arrays): per 256 elements one scale
+    dx and int8 quants xq in the weights' lane order, and xs (int32, 16 per block) the sums of xq over
+    each group's first and its second 16. Each block's quants are unpacked once for all the tokens;
+    each unpacked vector adds into eight int32 lanes, one per 32-weight group, by `_dot4`, so a
+    block's integer sums come out one per group, to be multiplied by the group's scale in integers,
+    the mins (Q4_K, Q5_K) or the quants' bias of 32 (Q6_K) taken against xs; then d · dx times the
+    block's sums is added into one float vector per token, summed once per row. A token's float steps
+    run in a fixed order (ORDERED), so that its sum does not depend on the tokens beside it."""
+    size, scales_at, _, _ = K_PACKED[name]
 
     @intrinsic
-    def dot(typingctx, row, xq, dx, xs, t):
+    def dot(typingctx, row, xq, dx, xs, t, isa):
+        if isa not in _ISA_OF_TYPE:
+            return None
+        chosen = _ISA_OF_TYPE[isa]
+
         def codegen(context, builder, sig, args):
-            row_t, xq_t, dx_t, xs_t, _ = sig.args
-            row, xq, dx, xs, t = args
+            row_t, xq_t, dx_t, xs_t, _, _ = sig.args
+            row, xq, dx, xs, t, _ = args
             cols = builder.extract_value(context.make_array(xq_t)(context, builder, xq).shape, xq_t.ndim - 1)
+            per_token = builder.udiv(cols, ir.Constant(I64, 256))
             n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
                                     ir.Constant(I64, size))
             tokens = [builder.add(t, ir.Constant(I64, i)) for i in range(n_tok)]
             accs = [cgutils.alloca_once_value(builder, const(F32, 8, 0.0)) for _ in range(n_tok)]
+            zero = const(I32, 8, 0)
             with cgutils.for_range(builder, n_blocks) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, size))
-                if name == "q6_k":
-                    scales = builder.sext(load(context, builder, row_t, row, at(builder, o, 192), I8, 16), vec(I16, 16))
-                    d = f16_at(context, builder, row_t, row, at(builder, o, 208))
-                else:
-                    scales, mins = _k_scales_mins(context, builder, row_t, row, o)
-                    d = f16_at(context, builder, row_t, row, o)
+                d = f16_at(context, builder, row_t, row, o)
+                first, second = _block_scales(context, builder, row_t, row, o, name, scales_at)
+                quants = _packed_quants(context, builder, row_t, row, o, name)
+                if name != "q6_k":
                     dmin = f16_at(context, builder, row_t, row, at(builder, o, 2))
-                    mins = _pick(builder, mins, [j // 2 for j in range(16)])
-                quants = _k_quants(context, builder, row_t, row, o, name)
-                # Q6_K: a scale per 16 (pairs 0-7 the first, 8-15 the next); else one per 32
-                per_sub = [_pick(builder, scales, [2 * j] * 8 + [2 * j + 1] * 8 if name == "q6_k" else [j] * 16)
-                           for j in range(8)]
                 for token, acc in zip(tokens, accs):
-                    block = builder.add(builder.mul(token, builder.udiv(cols, ir.Constant(I64, 256))), loop.index)
-                    e = builder.add(builder.mul(token, cols), builder.mul(loop.index, ir.Constant(I64, 256)))
-                    sums = load(context, builder, xs_t, xs, builder.mul(block, ir.Constant(I64, 16)), I16, 16)
+                    block = builder.add(builder.mul(token, per_token), loop.index)
+                    e = builder.mul(block, ir.Constant(I64, 256))
+                    xv = [load(context, builder, xq_t, xq, at(builder, e, 32 * m), I8, 32) for m in range(8)]
+                    sums = [load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
+                                                                         ir.Constant(I64, 8 * h)), I32, 8) for h in range(2)]
                     dxb = _scalar(context, builder, dx_t, dx, block, F32)
-                    if name == "q6_k":   # the quants' bias: 32 · Σ_k scale_k · (the activations' sum over 16 k)
-                        isum = builder.neg(builder.shl(_call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), scales, sums),
-                                                       const(I32, 8, 5)))
+                    # two chains of four: the first and the second 16 of each group
+                    halves = []
+                    for h in range(2):
+                        a = zero
+                        for m in range(4 * h, 4 * h + 4):
+                            a = _dot4(builder, chosen, a, quants[m], xv[m])
+                        halves.append(a)
+                    if name == "q6_k":   # (Σ q · x - 32 Σ x) · scale, per 16
+                        isum = builder.add(*(builder.mul(builder.sub(a, builder.shl(s, const(I32, 8, 5))), sc)
+                                             for a, s, sc in zip(halves, sums, (first, second))))
                     else:
-                        isum = const(I32, 8, 0)
-                    for j, q in enumerate(quants):
-                        x = load(context, builder, xq_t, xq, at(builder, e, 32 * j), I8, 32)
-                        isum = builder.add(isum, _scaled_pair_sums(builder, q, x, per_sub[j]))
+                        isum = builder.mul(builder.add(*halves), first)
                     total = builder.fmul(builder.sitofp(isum, vec(F32, 8)),
                                          broadcast(builder, builder.fmul(d, dxb, flags=ORDERED), 8), flags=ORDERED)
-                    if name != "q6_k":
-                        by_min = _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), mins, sums)
-                        by_min = builder.fmul(builder.sitofp(by_min, vec(F32, 8)),
-                                              broadcast(builder, builder.fmul(dmin, dxb, flags=ORDERED), 8), flags=ORDERED)
-                        total = builder.fsub(total, by_min, flags=ORDERED)
+                    if name != "q6_k":   # less the mins' part, in one explicit fused step (as plain_row_dot8)
+                        by_min = builder.sitofp(builder.neg(builder.mul(builder.add(*sums), second)), vec(F32, 8))
+                        total = _call(builder, "llvm.fma.v8f32", vec(F32, 8), by_min,
+                                      broadcast(builder, builder.fmul(dmin, dxb, flags=ORDERED), 8), total)
                     builder.store(builder.fadd(builder.load(acc), total, flags=ORDERED), acc)
             return context.make_tuple(builder, sig.return_type, [fsum(builder, builder.load(a)) for a in accs])
-        return types.UniTuple(types.float32, n_tok)(row, xq, dx, xs, t), codegen
+        return types.UniTuple(types.float32, n_tok)(row, xq, dx, xs, t, isa), codegen
     return dot

@@ -1,7 +1,8 @@
 """The KV cache and attention over it, for a batch of runs from several cache slots.
 
 A layer's cache holds keys and values as (n_slots, n_kv, n_ctx, row bytes) in f32, f16 or q8_0
-rows (kv_cache.cuh). Attention has two paths. Runs of up to FUSED_MAX_TOKENS queries (decode rows,
+rows (kv_cache.cuh), or, paged, as (n_blocks, n_kv, block_size, row bytes) that slots reach
+through device block tables (kv_where in kv_cache.cuh), which the kernels read as they run. Attention has two paths. Runs of up to FUSED_MAX_TOKENS queries (decode rows,
 short chunks) use the fused kernel, which streams each query's cached rows once in their stored
 type, all such runs of a batch in one launch. Longer runs (prompt chunks) gather their slot's
 cached rows to float32 and use two batched GEMMs around the softmax_lengths kernel: there each
@@ -39,6 +40,22 @@ class KVCache:
     type_v: str
     dk: int
     dv: int
+    tables: Any = None   # paged: device int32 (n_slots, max blocks per slot), shared by every layer
+
+    def where(self, fallback) -> tuple:
+        """The kernels' kv_where arguments after the cache: tables (fallback, never read, when
+        unpaged), paged, max_blocks, block_size (unpaged: a slot is one block of n_ctx)."""
+        block_size = np.int32(self.k.shape[2])
+        if self.tables is None:
+            return fallback, np.int32(0), np.int32(1), block_size
+        return self.tables, np.int32(1), np.int32(self.tables.shape[1]), block_size
+
+
+def paged_kv_cache(xp, tables, n_blocks: int, block_size: int, n_kv: int, dk: int, dv: int, type_k: str,
+                   type_v: str) -> KVCache:
+    cache = kv_cache(xp, n_blocks, block_size, n_kv, dk, dv, type_k, type_v)
+    cache.tables = tables
+    return cache
 
 
 def kv_cache(xp, n_slots: int, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
@@ -60,6 +77,9 @@ def kv_store(k, cache: KVCache, keys, values, layout: Layout) -> None:
     check(layout.slots, np.int32, "slots")
     check(layout.pos, np.int32, "pos")
     n_slots, n_kv, n_ctx, _ = cache.k.shape
+    if cache.tables is not None:
+        check(cache.tables, np.int32, "block tables")
+        n_slots, n_ctx = cache.tables.shape[0], cache.tables.shape[1] * n_ctx
     if layout.max_slot >= n_slots or layout.max_pos >= n_ctx:  # the kernel would write past the cache
         raise LlogosError(f"a batch writes at slot {layout.max_slot}, position {layout.max_pos}: "
                           f"outside the KV cache of {n_slots} slots x {n_ctx} positions")
@@ -71,22 +91,27 @@ def kv_store(k, cache: KVCache, keys, values, layout: Layout) -> None:
         per_thread = 32 if cache_type == "q8_0" else 1
         k.function("kv_store", f"kv_store_{cache_type}")(
             (cdiv(x.size // per_thread, _THREADS),), (_THREADS,),
-            (x, store, layout.slots, layout.pos, np.int32(n_tok), np.int32(n_kv), np.int32(d), np.int32(n_ctx)))
+            (x, store, layout.slots, layout.pos, np.int32(n_tok), np.int32(n_kv), np.int32(d),
+             *cache.where(layout.slots)))
 
 
-def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0):
+def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0, sinks=None):
     """Each query of q (T, H, dk) over its own slot's cached keys up to its position, scores
-    soft-capped by softcap unless 0; -> (T, H, dv)."""
+    soft-capped by softcap unless 0, and each head's sink (sinks (H,)) joining its softmax's
+    denominator if given; -> (T, H, dv)."""
     check(q, np.float32, "q")
+    if sinks is not None:
+        check(sinks, np.float32, "sinks")
+        assert sinks.shape == (q.shape[1],)
     n_tok, n_head, dk = q.shape
     assert dk == cache.dk and n_head % cache.k.shape[1] == 0
     out = k.xp.empty((n_tok, n_head, cache.dv), np.float32)
     for t0, t1, slot in _spans(layout.runs):
         s = slice(t0, t1)
         if slot is None:
-            _fused(k, q[s], cache, layout.slots[s], layout.pos[s], scale, window, softcap, out[s])
+            _fused(k, q[s], cache, layout.slots[s], layout.pos[s], scale, window, softcap, sinks, out[s])
         else:
-            out[s] = _gemm(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window, softcap)
+            out[s] = _gemm(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window, softcap, sinks)
     return out
 
 
@@ -104,31 +129,38 @@ def _spans(runs) -> list[tuple[int, int, int | None]]:
     return spans
 
 
-def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap: float, out) -> None:
+def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap: float, sinks, out) -> None:
     check(slots, np.int32, "slots")
     check(pos, np.int32, "pos")
     check(cache.k, np.uint8, "key cache")
     check(cache.v, np.uint8, "value cache")
     check(out, np.float32, "out")
     n_tok, n_head, dk = q.shape
-    _, n_kv, n_ctx, _ = cache.k.shape
+    n_kv = cache.k.shape[1]
     k.function("attention", f"attention_{cache.type_k}_{cache.type_v}")(
         (n_head, n_tok), (ATTENTION_WARPS * 32,),
         (q, cache.k, cache.v, out, slots, pos, np.int32(n_head), np.int32(n_kv), np.int32(dk),
-         np.int32(cache.dv), np.int32(n_ctx), np.float32(scale), np.int32(window), np.float32(softcap)))
+         np.int32(cache.dv), np.float32(scale), np.int32(window), np.float32(softcap),
+         q if sinks is None else sinks, np.int32(sinks is not None),   # q: a pointer the kernel then never reads
+         *cache.where(slots)))
 
 
-def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int, softcap: float):
+def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int, softcap: float, sinks):
     """One run of q (T, H, dk) at positions pos0.. of `slot`; -> (T, H, dv)."""
     xp = k.xp
     n_tok, n_head, dk = q.shape
-    _, n_kv, n_ctx, _ = cache.k.shape
+    _, n_kv, span, _ = cache.k.shape   # positions per block (unpaged: a slot is one block of n_ctx)
     group = n_head // n_kv
     # Keys from the first one the run's first query sees (all of them without a window).
     start, end = (max(0, pos0 + 1 - window) if window else 0), pos0 + n_tok
     n = end - start
-    rows = (slot * n_kv + np.arange(n_kv, dtype=np.int32))[:, None] * n_ctx + np.arange(start, end, dtype=np.int32)
-    ids = xp.asarray(rows.ravel())
+    positions = np.arange(start, end, dtype=np.int32)
+    if cache.tables is None:
+        first, at = np.full(n, slot, np.int32), positions
+    else:   # the slot's blocks, read back from the device: a prompt chunk's launches are not captured
+        first, at = k.to_host(cache.tables[slot])[positions // span], positions % span
+    rows = (first[None, :] * n_kv + np.arange(n_kv, dtype=np.int32)[:, None]) * span + at[None, :]   # (n_kv, n)
+    ids = xp.asarray(rows.ravel().astype(np.int32))
     keys = get_rows(k, cache.k.reshape(-1, cache.k.shape[3]), _ROW_TYPE[cache.type_k], ids).reshape(n_kv, n, dk)
     values = get_rows(k, cache.v.reshape(-1, cache.v.shape[3]), _ROW_TYPE[cache.type_v], ids).reshape(n_kv, n, cache.dv)
     out = xp.empty((n_tok, n_head, cache.dv), np.float32)
@@ -138,7 +170,7 @@ def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int,
         scores = xp.matmul(qc, keys.transpose(0, 2, 1))                       # (kv, g*t, n)
         # Query t sees the keys before pos0 + t + 1, counted from `start`.
         lengths = np.tile(np.arange(pos0 + t0 + 1 - start, pos0 + t1 + 1 - start, dtype=np.int32), n_kv * group)
-        probs = cuda_ops.softmax_lengths(k, scores, xp.asarray(lengths), window, scale, softcap)
+        probs = cuda_ops.softmax_lengths(k, scores, xp.asarray(lengths), window, scale, softcap, sinks)  # rows by head
         o = xp.matmul(probs, values)                                           # (kv, g*t, dv)
         out[t0:t1] = o.reshape(n_kv, group, t1 - t0, cache.dv).transpose(2, 0, 1, 3).reshape(t1 - t0, n_head, -1)
     return out

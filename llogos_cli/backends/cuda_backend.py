@@ -146,24 +146,43 @@ class CudaBackend:
         return cuda_ops.glu(self.k, self._c(gate), self._c(up), gelu)
 
     # ---------------------------------------------------------------- mixture of experts
-    def route(self, logits, k: int):
-        """Each token's k most probable experts (T, k) and their renormalised probabilities (T, k)."""
-        return cuda_experts.route(self.k, self._c(logits), k)
+    def route(self, logits, k: int, normalize: bool = True):
+        """Each token's k most probable experts (T, k) and their probabilities (T, k), renormalised if normalize."""
+        return cuda_experts.route(self.k, self._c(logits), k, normalize)
 
-    def matmul_experts(self, x, w: QuantMatrix, experts, n_expert: int, weights=None):
-        """x through each token's experts of the stacked w -> (T, k, out); with weights, summed -> (T, out)."""
-        return cuda_experts.matmul_experts(self.k, self._c(x), w, experts, n_expert, weights)
+    def scale_rows(self, x, s):
+        return cuda_experts.scale_rows(self.k, self._c(x), self._c(s))
+
+    def matmul_experts(self, x, w: QuantMatrix, experts, n_expert: int, weights=None, bias=None):
+        """x through each token's experts of the stacked w (plus their bias) -> (T, k, out); with
+        weights, summed -> (T, out)."""
+        return cuda_experts.matmul_experts(self.k, self._c(x), w, experts, n_expert, weights, bias)
+
+    def swiglu_oai(self, gate, up, alpha: float, limit: float):
+        return cuda_experts.swiglu_oai(self.k, self._c(gate), self._c(up), alpha, limit)
 
     # ---------------------------------------------------------------- attention
     def kv_cache(self, n_slots: int, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
         return cuda_attention.kv_cache(self.xp, n_slots, n_ctx, n_kv, dk, dv, type_k, type_v)
 
+    def paged_kv_cache(self, tables, n_blocks: int, block_size: int, n_kv: int, dk: int, dv: int, type_k: str,
+                       type_v: str) -> KVCache:
+        return cuda_attention.paged_kv_cache(self.xp, tables, n_blocks, block_size, n_kv, dk, dv, type_k, type_v)
+
+    def block_tables(self, n_rows: int, max_blocks: int):
+        return self.xp.zeros((n_rows, max_blocks), np.int32)
+
+    def write_block_table(self, tables, row: int, blocks: list[int]) -> None:
+        """In place: a captured decode step keeps reading this array."""
+        tables[row, :len(blocks)] = self.xp.asarray(np.asarray(blocks, np.int32))
+
     def kv_store(self, cache: KVCache, k, v, layout: Layout) -> None:
         cuda_attention.kv_store(self.k, cache, self._c(k), self._c(v), layout)
 
-    def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0):
+    def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0,
+                  sinks=None):
         """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv)."""
-        return cuda_attention.attention(self.k, self._c(q), cache, layout, scale, window, softcap)
+        return cuda_attention.attention(self.k, self._c(q), cache, layout, scale, window, softcap, sinks)
 
     # ---------------------------------------------------------------- recurrence (Gated DeltaNet, LFM2)
     def zeros(self, shape: tuple[int, ...]):

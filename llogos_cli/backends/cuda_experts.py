@@ -15,8 +15,9 @@ MAX_PAIRS = 65535   # (token, choice) pairs per launch: the grid's y dimension
 _THREADS = 256
 
 
-def route(k, logits, n_used: int):
-    """logits (T, n_expert) -> experts (T, n_used) int32 and weights (T, n_used) float32."""
+def route(k, logits, n_used: int, normalize: bool = True):
+    """logits (T, n_expert) -> experts (T, n_used) int32 and weights (T, n_used) float32, the
+    chosen experts' probabilities, scaled to sum to 1 if normalize."""
     check(logits, np.float32, "logits")
     n_tok, n_expert = logits.shape
     experts = k.xp.empty((n_tok, n_used), np.int32)
@@ -24,13 +25,14 @@ def route(k, logits, n_used: int):
     if n_tok:
         k.function("moe_route", "moe_route_f32")((cdiv(n_tok, _THREADS),), (_THREADS,),
                                                   (logits, experts, weights, np.int32(n_tok), np.int32(n_expert),
-                                                   np.int32(n_used)))
+                                                   np.int32(n_used), np.int32(normalize)))
     return experts, weights
 
 
-def matmul_experts(k, x, w: QuantMatrix, experts, n_expert: int, weights=None):
-    """x (T, in) or (T, k, in) through each token's experts (T, k) of the stacked w -> (T, k, out);
-    with weights (T, k), the k outputs weighted and summed -> (T, out)."""
+def matmul_experts(k, x, w: QuantMatrix, experts, n_expert: int, weights=None, bias=None):
+    """x (T, in) or (T, k, in) through each token's experts (T, k) of the stacked w, plus each
+    expert's row of bias (n_expert * out,) if given -> (T, k, out); with weights (T, k), the k
+    outputs weighted and summed -> (T, out)."""
     check(x, np.float32, "x")
     check(experts, np.int32, "experts")
     check(w.raw, np.uint8, "w")
@@ -46,6 +48,11 @@ def matmul_experts(k, x, w: QuantMatrix, experts, n_expert: int, weights=None):
         fn((cdiv(out_rows, MATVEC_WARPS), (t1 - t0) * n_used), (MATVEC_WARPS * 32,),
            (w.raw, x[t0:t1], y[t0:t1], experts[t0:t1], np.int32(w.cols), np.int32(out_rows), np.int32(n_used),
             x_per_pair))
+    if bias is not None and y.size:
+        check(bias, np.float32, "bias")
+        assert bias.shape == (n_expert * out_rows,)
+        k.function("moe_bias", "moe_bias_f32")((cdiv(y.size, _THREADS),), (_THREADS,),
+                                                (y, bias, experts, np.int32(n_tok * n_used), np.int32(out_rows)))
     if weights is None:
         return y
     check(weights, np.float32, "weights")
@@ -55,3 +62,28 @@ def matmul_experts(k, x, w: QuantMatrix, experts, n_expert: int, weights=None):
                                                       (y, weights, out, np.int32(n_tok), np.int32(n_used),
                                                        np.int32(out_rows)))
     return out
+
+
+def scale_rows(k, x, s):
+    """Row t of x (T, n) times s[t] (s: T values): the gate of a shared expert's output."""
+    check(x, np.float32, "x")
+    check(s, np.float32, "s")
+    n_tok, n = x.shape
+    assert s.size == n_tok
+    y = k.xp.empty_like(x)
+    if y.size:
+        k.function("scale_rows", "scale_rows_f32")((cdiv(y.size, _THREADS),), (_THREADS,),
+                                                    (x, s, y, np.int32(n_tok), np.int32(n)))
+    return y
+
+
+def swiglu_oai(k, gate, up, alpha: float, limit: float):
+    """gpt-oss's clamped SwiGLU of the experts' gate and up products (see swiglu_oai.cu)."""
+    check(gate, np.float32, "gate")
+    check(up, np.float32, "up")
+    assert gate.shape == up.shape
+    y = k.xp.empty_like(gate)
+    if y.size:
+        k.function("swiglu_oai", "swiglu_oai_f32")((cdiv(y.size, _THREADS),), (_THREADS,),
+                                                    (gate, up, y, np.int32(y.size), np.float32(alpha), np.float32(limit)))
+    return y

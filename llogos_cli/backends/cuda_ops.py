@@ -97,19 +97,24 @@ def rope(k, x, pos, factors, dims: int, base: float, freq_scale: float, neox: bo
     return y
 
 
-def softmax_lengths(k, x, lengths, window: int, scale: float, softcap: float = 0.0):
+def softmax_lengths(k, x, lengths, window: int, scale: float, softcap: float = 0.0, sinks=None):
     """Softmax of each row of x (rows, n) * scale, soft-capped by softcap unless 0, over its last
     `window` columns before lengths[row] (all of them before it when window is 0); the other columns
-    become 0."""
+    become 0. sinks (S,): the rows in S equal groups, group i's denominator joined by sinks[i]."""
     check(x, np.float32, "x")
     check(lengths, np.int32, "lengths")
     ncols = x.shape[-1]
     assert lengths.size == x.size // ncols
+    if sinks is not None:
+        check(sinks, np.float32, "sinks")
+        assert lengths.size % sinks.size == 0
     y = k.xp.empty_like(x)
     if x.size:
         k.function("softmax", "softmax_lengths_f32")((lengths.size,), (_row_threads(ncols),),
                                                      (x, y, lengths, np.int32(ncols), np.int32(window),
-                                                      np.float32(scale), np.float32(softcap)))
+                                                      np.float32(scale), np.float32(softcap),
+                                                      x if sinks is None else sinks,   # x: never read then
+                                                      np.int32(0 if sinks is None else lengths.size // sinks.size)))
     return y
 
 

@@ -1,9 +1,12 @@
 """The KV cache and attention on the NumPy backend, for a batch of runs from several cache slots.
 
-A layer's cache holds (n_slots, n_kv, n_ctx, head_dim) keys and values. A batch is a list of runs
-(see backends/__init__.py): decode rows (runs of one token) are attended all at once, each query
-against its own slot's first pos + 1 keys, the rest masked (softmax with per-row lengths); longer
-runs (prompt chunks) attend causally within their slot, a run at a time.
+A layer's cache holds (n_slots, n_kv, n_ctx, head_dim) keys and values, or, paged, a pool of
+(n_blocks, n_kv, block_size, head_dim) that slots reach through block tables (position p of a slot
+is offset p % block_size of block tables[slot, p // block_size]). A batch is a list of runs (see
+backends/__init__.py): decode rows (runs of one token) are attended all at once, each query against
+its own slot's first pos + 1 keys, the rest masked (softmax with per-row lengths); longer runs
+(prompt chunks) attend causally within their slot, a run at a time. A paged cache's keys are
+gathered block by block into the same (rows, n_kv, positions, head_dim) shape first.
 """
 
 import mmap
@@ -40,10 +43,38 @@ def batch_layout(slots: np.ndarray, pos: np.ndarray) -> Layout:
 
 @dataclass(slots=True)
 class KVCache:
-    k: np.ndarray  # (n_slots, n_kv_heads, n_ctx, head_dim_k)
-    v: np.ndarray  # (n_slots, n_kv_heads, n_ctx, head_dim_v)
+    k: np.ndarray  # (n_slots, n_kv_heads, n_ctx, head_dim_k), paged: (n_blocks, n_kv_heads, block_size, head_dim_k)
+    v: np.ndarray  # (n_slots, n_kv_heads, n_ctx, head_dim_v), paged: (n_blocks, n_kv_heads, block_size, head_dim_v)
     type_k: str
     type_v: str
+    tables: np.ndarray | None = None   # paged: (n_slots, max blocks per slot) int32, shared by every layer
+
+    def where(self, slots: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (first index, position index) at which each (slot, position) is held."""
+        if self.tables is None:
+            return slots, pos
+        block_size = self.k.shape[2]
+        return self.tables[slots, pos // block_size], pos % block_size
+
+    def gather(self, slots: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values of at least the first n positions of each slot, as float32
+        (R, n_kv, >= n, head_dim); views where the slots are consecutive in an unpaged cache."""
+        if self.tables is None:
+            lo, hi = int(slots.min()), int(slots.max()) + 1
+            if hi - lo == len(slots) and np.array_equal(slots, np.arange(lo, hi)):   # in order: views
+                keys, values = self.k[lo:hi, :, :n], self.v[lo:hi, :, :n]
+            else:
+                keys, values = self.k[slots, :, :n], self.v[slots, :, :n]
+        else:
+            R, n_kv, block_size = len(slots), self.k.shape[1], self.k.shape[2]
+            blocks = self.tables[slots, :-(-n // block_size)]                              # (R, nb)
+            # One head's rows of one block at a time, in (row, head, block) order: one take each.
+            ids = (blocks[:, None, :] * n_kv + np.arange(n_kv)[None, :, None]).ravel()     # (R * n_kv * nb,)
+            keys = np.take(self.k.reshape(-1, block_size, self.k.shape[3]), ids, axis=0)
+            values = np.take(self.v.reshape(-1, block_size, self.v.shape[3]), ids, axis=0)
+            keys = keys.reshape(R, n_kv, -1, self.k.shape[3])                              # (R, n_kv, nb*B, dk)
+            values = values.reshape(R, n_kv, -1, self.v.shape[3])                          # (R, n_kv, nb*B, dv)
+        return keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
 
 
 # q8_0 entries are held as float32 after a quantize/dequantize round trip: the same values a
@@ -81,20 +112,35 @@ class AttentionOps:
         return KVCache(_lazy_zeros((n_slots, n_kv, n_ctx, dk), _CACHE_DTYPE[type_k]),
                        _lazy_zeros((n_slots, n_kv, n_ctx, dv), _CACHE_DTYPE[type_v]), type_k, type_v)
 
+    def paged_kv_cache(self, tables: np.ndarray, n_blocks: int, block_size: int, n_kv: int, dk: int, dv: int,
+                       type_k: str, type_v: str) -> KVCache:
+        cache = self.kv_cache(n_blocks, block_size, n_kv, dk, dv, type_k, type_v)
+        cache.tables = tables
+        return cache
+
+    def block_tables(self, n_rows: int, max_blocks: int) -> np.ndarray:
+        return np.zeros((n_rows, max_blocks), np.int32)
+
+    def write_block_table(self, tables: np.ndarray, row: int, blocks: list[int]) -> None:
+        tables[row, :len(blocks)] = blocks
+
     def kv_store(self, cache: KVCache, k: np.ndarray, v: np.ndarray, layout: Layout) -> None:
-        cache.k[layout.slots, :, layout.pos] = _cache_round(k, cache.type_k)   # (T, n_kv, dk)
-        cache.v[layout.slots, :, layout.pos] = _cache_round(v, cache.type_v)   # (T, n_kv, dv)
+        first, at = cache.where(layout.slots, layout.pos)
+        cache.k[first, :, at] = _cache_round(k, cache.type_k)   # (T, n_kv, dk)
+        cache.v[first, :, at] = _cache_round(v, cache.type_v)   # (T, n_kv, dv)
 
     def attention(self, q: np.ndarray, cache: KVCache, layout: Layout, scale: float, window: int,
-                  softcap: float = 0.0) -> np.ndarray:
+                  softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
         """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv).
-        With softcap, scores s (scaled) become softcap * tanh(s / softcap) before the softmax."""
+        With softcap, scores s (scaled) become softcap * tanh(s / softcap) before the softmax; sinks
+        (H,) are a logit per head that joins each softmax's denominator (gpt-oss)."""
         out = np.empty((q.shape[0], q.shape[1], cache.v.shape[3]), np.float32)
         if len(layout.rows):
             out[layout.rows] = _rows(q[layout.rows], cache, layout.slots[layout.rows], layout.pos[layout.rows],
-                                     scale, window, softcap)
+                                     scale, window, softcap, sinks)
         for slot, t0, t1 in layout.runs:
-            out[t0:t1] = _run(q[t0:t1], cache.k[slot], cache.v[slot], int(layout.pos[t0]), scale, window, softcap)
+            keys, values = cache.gather(np.array([slot]), int(layout.pos[t1 - 1]) + 1)
+            out[t0:t1] = _run(q[t0:t1], keys[0], values[0], int(layout.pos[t0]), scale, window, softcap, sinks)
         return out
 
 
@@ -106,19 +152,27 @@ def _softcap(scores: np.ndarray, softcap: float) -> None:
         scores *= np.float32(softcap)
 
 
+def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> None:
+    """In place over the last axis; sinks (scores' shape but the last axis, broadcast) join each
+    denominator as one more logit whose probability is dropped."""
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks)
+    scores -= top
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total += np.exp(sinks - top)
+    scores /= total
+
+
 def _rows(q: np.ndarray, cache: KVCache, slots: np.ndarray, pos: np.ndarray, scale: float, window: int,
-          softcap: float):
+          softcap: float, sinks: np.ndarray | None = None):
     """R decode rows: q (R, H, dk), row r at position pos[r] of slot slots[r]; -> (R, H, dv)."""
     R, H, dk = q.shape
     n_kv = cache.k.shape[1]
-    n = int(pos.max()) + 1
-    lo, hi = int(slots.min()), int(slots.max()) + 1
-    if hi - lo == R and np.array_equal(slots, np.arange(lo, hi)):   # slots in order: views, no gather
-        keys, values = cache.k[lo:hi, :, :n], cache.v[lo:hi, :, :n]
-    else:
-        keys, values = cache.k[slots, :, :n], cache.v[slots, :, :n]
-    keys = keys.astype(np.float32, copy=False)                                   # (R, kv, n, dk)
-    values = values.astype(np.float32, copy=False)                               # (R, kv, n, dv)
+    keys, values = cache.gather(slots, int(pos.max()) + 1)                       # (R, kv, n, dk), (R, kv, n, dv)
+    n = keys.shape[2]
     qg = (q * np.float32(scale)).reshape(R, n_kv, H // n_kv, dk)                 # (R, kv, g, dk)
     scores = qg @ keys.transpose(0, 1, 3, 2)                                     # (R, kv, g, n)
     _softcap(scores, softcap)
@@ -128,21 +182,19 @@ def _rows(q: np.ndarray, cache: KVCache, slots: np.ndarray, pos: np.ndarray, sca
         masked |= pos[:, None] - kpos >= window
     if masked.any():   # softmax in place: the scores array is the step's largest temporary
         scores += np.where(masked, np.float32(-np.inf), np.float32(0))[:, None, None, :]
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    _softmax(scores, None if sinks is None else sinks.reshape(n_kv, H // n_kv, 1))
     return (scores @ values).reshape(R, H, -1)                                   # (R, H, dv)
 
 
 def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, scale: float, window: int,
-         softcap: float):
-    """Causal attention of q (T, H, dk) at positions pos0.. over one slot's cache; -> (T, H, dv)."""
+         softcap: float, sinks: np.ndarray | None = None):
+    """Causal attention of q (T, H, dk) at positions pos0.. over one slot's float32 keys and values
+    (n_kv, >= pos0 + T, d); -> (T, H, dv)."""
     T, H, dk = q.shape
     n_kv = k_cache.shape[0]
     group = H // n_kv
     n = pos0 + T
-    keys = k_cache[:, :n].astype(np.float32, copy=False)
-    values = v_cache[:, :n].astype(np.float32, copy=False)
+    keys, values = k_cache[:, :n], v_cache[:, :n]
     out = np.empty((T, H, v_cache.shape[2]), np.float32)
     for t0 in range(0, T, _QUERY_CHUNK):
         t1 = min(T, t0 + _QUERY_CHUNK)
@@ -156,8 +208,7 @@ def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, sca
             masked |= qpos - kpos >= window
         scores = scores.reshape(n_kv, group, t1 - t0, n)
         scores[:, :, masked] = -np.inf
-        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        scores /= scores.sum(axis=-1, keepdims=True)
+        _softmax(scores, None if sinks is None else sinks.reshape(n_kv, group, 1, 1))
         o = scores.reshape(n_kv, group * (t1 - t0), n) @ values                   # (kv, g*t, dv)
         out[t0:t1] = o.reshape(n_kv, group, t1 - t0, -1).transpose(2, 0, 1, 3).reshape(t1 - t0, H, -1)
     return out

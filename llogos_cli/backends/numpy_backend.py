@@ -22,6 +22,7 @@ from llogos_cli.backends.numpy_experts import ExpertOps
 from llogos_cli.backends.numpy_recurrent import RecurrentOps
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
+from llogos_cli.gguf.file import drop_pages
 
 WEIGHTS = ("f32", "quantized")
 # Products of 2 to this many rows (prompt chunks; with batched, decode steps of several rows):
@@ -35,15 +36,16 @@ _FEW_ROWS = 64
 class Matrix:
     raw: np.ndarray                 # stored bytes (rows, bytes per row), memory-mapped
     qtype: GGMLQuantizationType
-    dense: np.ndarray | None        # float32 (rows, cols) that products use; None: products read raw
+    dense: np.ndarray | None        # float32 (rows, cols) that products use; None: products read blocks
     in_products: bool
+    blocks: np.ndarray | None = None   # the blocks products read: raw, or raw repacked (QuantMatmul.pack)
 
     @property
     def nbytes(self) -> int:
         """Bytes a product with this matrix reads (a lookup-only table reads a row per token)."""
         if not self.in_products:
             return 0
-        return self.dense.nbytes if self.dense is not None else self.raw.nbytes
+        return self.dense.nbytes if self.dense is not None else self.blocks.nbytes
 
 
 class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
@@ -65,9 +67,12 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         if batched:
             from llogos_cli.backends import cpu_rows
             self._rows = cpu_rows
+        self._norm = None
         if weights == "quantized":   # imported here: numba's import and kernels cost the f32 path nothing
+            from llogos_cli.backends import cpu_norm
             from llogos_cli.backends.cpu_quant import QuantMatmul
             self.quant_matmul = QuantMatmul()
+            self._norm = cpu_norm
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -83,7 +88,10 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         if quants.row_elements(raw, qtype) < MIN_PRODUCT_ROW:
             return Matrix(raw, qtype, quants.dequantize(raw, qtype), True)   # e.g. a conv kernel (C, 4)
         self._product_types.add(qtype)
-        return Matrix(raw, qtype, None, True)
+        blocks = self.quant_matmul.pack(raw, qtype)
+        if blocks is not raw:   # read from here on in the copy only (a tied table's rows come back on use)
+            drop_pages(raw)
+        return Matrix(raw, qtype, None, True, blocks)
 
     @property
     def load_threads(self) -> int:
@@ -105,6 +113,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             self._rows.warm_up()
         if self.weights == "quantized":
             self.quant_matmul.warm_up(self._product_types)
+            self.rmsnorm(np.ones((1, 4), np.float32), np.ones(4, np.float32), 1e-6)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -134,13 +143,13 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             if not 1 < x.shape[0] <= _FEW_ROWS:
                 return x @ w.dense.T
             return (w.dense @ x.T).T
-        return self.quant_matmul(x, w.raw, w.qtype)
+        return self.quant_matmul(x, w.blocks, w.qtype)
 
     def matmuls(self, x: np.ndarray, ws: list[Matrix]) -> list[np.ndarray]:
         """x times each of ws, which share it as their input: the quantized ones in one call."""
         if any(w.dense is not None for w in ws):
             return [self.matmul(x, w) for w in ws]
-        return self.quant_matmul.many(x, [(w.raw, w.qtype) for w in ws])
+        return self.quant_matmul.many(x, [(w.blocks, w.qtype) for w in ws])
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
@@ -164,6 +173,11 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             return x / (np.float32(1) + np.exp(-x))
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        if self._norm is not None and w.shape == x.shape[-1:]:
+            rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+            out = np.empty_like(rows)
+            self._norm.rmsnorm_rows(rows, w, eps, out)
+            return out.reshape(x.shape)
         ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
         return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * w
 

@@ -21,6 +21,7 @@ from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.console import err, notice, warn
 from llogos_cli.engine.chat import Chat
 from llogos_cli.engine.conversation import Message, read_messages, with_system
+from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.engine.sampling import Sampler
 from llogos_cli.engine.session import Session
 from llogos_cli.errors import LlogosError
@@ -80,7 +81,8 @@ def chat(**o):
     n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
     sampler = Sampler(sampling_params(o, mf.sampling_defaults), n_ctx)
     m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
-    session = Session(m.model, n_ctx, cache_types(o))
+    # A context's worth of earlier conversations' KV, so /load and /clear can come back to them.
+    session = Session(m.model, n_ctx, cache_types(o), kept_blocks=n_ctx // BLOCK_SIZE)
     conversation = Chat(fmt, session, sampler, o["n_predict"], messages)
     if interactive:
         if o["simple_io"]:

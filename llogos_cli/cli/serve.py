@@ -48,8 +48,9 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @click.option("--cache-prompt/--no-cache-prompt", default=True, show_default=True,
               help="Reuse the KV of a prompt's beginning that an earlier request already evaluated (prefix caching).")
 @click.option("--cache-ram", type=click.IntRange(min=0), default=CACHE_RAM_MIB, show_default=True, metavar="MiB",
-              help="Memory the prefix cache may keep KV blocks in (at most half of what is free after loading); "
-                   "the least recently used go first. 0 turns the cache off.")
+              help="Memory the paged KV pool holds beyond its slots' contexts for blocks kept for prefix reuse "
+                   "(the pool: at most half of what is free after loading); the least recently used go first. "
+                   "0 turns the cache off.")
 @sampling_options
 @template_options
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",

@@ -6,10 +6,12 @@ next step. The scheduler decides, the runner evaluates and samples, and the rows
 in; `generate` is add-requests-then-step-until-done, pulling requests lazily so that a file of
 millions of prompts never sits in memory.
 
-With a prefix cache (prefix_cache_bytes > 0, the default), every full block of a row's tokens is kept in the
-runner's pool as the row goes, and a request whose prompt begins with kept blocks, any earlier
-row's, starts after them. Recurrent layers (Qwen3.5's DeltaNet, LFM2's short convolutions) carry
-a state that a KV prefix cannot rebuild: such models run without the cache.
+The KV is a pool of blocks that rows take as they grow (engine/prefix_cache.py keeps the books,
+the scheduler admits and preempts by them). With a prefix cache (prefix_cache_bytes > 0, the
+default), every full block of a row's tokens is named as the row goes, and a request whose prompt
+begins with named blocks, any earlier row's, starts after them, its table pointing at the same
+blocks. Recurrent layers (Qwen3.5's DeltaNet, LFM2's short convolutions) carry a
+state that a KV prefix cannot rebuild: such models run without the prefix cache.
 """
 
 import hashlib
@@ -83,8 +85,9 @@ class Row:
     seq: Sequence
     tokens: list[int]                # prompt + generated; the last one is not yet in the cache
     slot: int = -1
-    n_cached: int = 0                # tokens of this row in its cache slot
-    blocks: list[int] = field(default_factory=list)   # prefix cache blocks holding its first tokens
+    n_cached: int = 0                # tokens of this row in the cache
+    blocks: list[int] = field(default_factory=list)   # its block table: the blocks holding its tokens
+    n_sealed: int = 0                # blocks at the head of its table named for prefix reuse
     prefix_hit: int = 0              # prompt tokens taken from the prefix cache
     emitted: list[Token] = field(default_factory=list)
     started: float = 0.0
@@ -107,21 +110,44 @@ class BatchEngine:
                  cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = 512,
                  prefix_cache_bytes: int = CACHE_RAM_MIB << 20):
         self.tokenizer, self.n_ctx = tokenizer, n_ctx
-        n_blocks = _prefix_cache_blocks(model, cache_types, prefix_cache_bytes)
-        self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks) if n_blocks else None)
+        cache_prefixes = bool(prefix_cache_bytes) and not any(model.cfg.recurrent)
+        n_blocks = _kv_pool_blocks(model, cache_types, n_slots, n_ctx, prefix_cache_bytes if cache_prefixes else 0)
+        self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks), cache_prefixes)
         self.runner = ModelRunner(model, n_slots, n_ctx, cache_types, n_blocks)
         self._done: list[Update] = []    # requests that ended before needing a slot
+        self._forks: dict[Row, list[Row]] = {}   # a prompt's first row -> its other choices, until it is prefilled
 
     @property
     def idle(self) -> bool:
-        return self.scheduler.idle and not self._done
+        return self.scheduler.idle and not self._done and not self._forks
 
     @property
     def n_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + sum(map(len, self._forks.values()))
 
     def add(self, request: Request) -> None:
         """Queue a request; a prompt that cannot run raises LlogosError and queues nothing."""
+        self.add_choices([request])
+
+    def add_choices(self, requests: list[Request]) -> None:
+        """Queue requests of one prompt (a response's n choices), all or none. With a prefix cache the
+        first prefills the prompt and the others wait for it, then start from the blocks it left."""
+        rows = [self._row(request) for request in requests]
+        now = time.perf_counter()
+        for row in rows:
+            if row.seq.stop is not None:   # nothing to generate (n_predict 0, or no room left)
+                self._done.append(Update(row.request.id, None, row.result(now)))
+        rows = [row for row in rows if row.seq.stop is None]
+        if not rows:
+            return
+        self.scheduler.add(rows[0])
+        if self.scheduler.blocks is None or not self.scheduler.cache_prefixes:
+            for row in rows[1:]:
+                self.scheduler.add(row)
+        elif len(rows) > 1:
+            self._forks[rows[0]] = rows[1:]
+
+    def _row(self, request: Request) -> Row:
         if not request.prompt:
             raise LlogosError("the prompt is empty after tokenization")
         n_vocab = self.tokenizer.n_vocab
@@ -130,21 +156,31 @@ class BatchEngine:
         check_fits(len(request.prompt), self.n_ctx)
         seq = Sequence(self.tokenizer, request.prompt, Sampler(request.params, self.n_ctx), request.criteria,
                        self.n_ctx, request.n_logprobs, grammar=request.grammar)
-        row = Row(request, seq, list(request.prompt))
-        if seq.stop is not None:   # nothing to generate (n_predict 0, or no room left)
-            self._done.append(Update(request.id, None, row.result(time.perf_counter())))
-        else:
-            self.scheduler.add(row)
+        return Row(request, seq, list(request.prompt))
+
+    def _release_forks(self, row: Row) -> None:
+        """A first row's prompt is in the prefix cache (or never will be): its other choices may start."""
+        for fork in self._forks.pop(row, ()):
+            self.scheduler.add(fork)
 
     def cancel(self, request_id) -> bool:
         """Drop a request, waiting or running; its slot is free for the next step."""
+        for first, forks in self._forks.items():
+            for row in forks:
+                if row.request.id == request_id:
+                    forks.remove(row)
+                    if not forks:
+                        del self._forks[first]
+                    return True
         for row in list(self.scheduler.waiting):
             if row.request.id == request_id:
                 self.scheduler.waiting.remove(row)
+                self._release_forks(row)
                 return True
         for row in self.scheduler.running:
             if row.request.id == request_id:
                 self.scheduler.finish(row)
+                self._release_forks(row)
                 return True
         return False
 
@@ -155,8 +191,10 @@ class BatchEngine:
             return updates
         now = time.perf_counter()
         for w in work:
-            if w.start == w.row.prefix_hit:   # the row's first chunk
+            if not w.row.started:   # the row's first chunk
                 w.row.started = now
+            if w.samples:   # a constrained row's mask is computed while the forward pass runs
+                w.row.seq.start_mask()
         chosen = self.runner.run(work)
         now = time.perf_counter()
         self._keep_blocks(work)
@@ -165,6 +203,7 @@ class BatchEngine:
             row.n_cached = w.end
             if not row.seq.generated:
                 row.first_token = now
+                self._release_forks(row)
             token = row.seq.push(token_id, logprobs)
             if token is not None:
                 row.emitted.append(token)
@@ -180,14 +219,12 @@ class BatchEngine:
         return updates
 
     def _keep_blocks(self, work) -> None:
-        """Each row's newly filled blocks into the prefix cache, while its slot still holds them."""
-        blocks = self.scheduler.blocks
-        if blocks is None:
+        """Name each row's newly filled blocks for the prefix cache, while its row still holds them."""
+        if not self.scheduler.cache_prefixes:
             return
         for w in work:
             row = w.row
-            if w.end // BLOCK_SIZE > len(row.blocks):
-                self.runner.keep(row.slot, blocks.extend(row.blocks, row.tokens, w.end))
+            row.n_sealed = self.scheduler.blocks.seal(row.blocks, row.tokens, w.end, row.n_sealed)
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Run every request, yielding each result as it finishes. Requests are pulled from the
@@ -211,11 +248,11 @@ class BatchEngine:
                     yield update.result
 
 
-def _prefix_cache_blocks(model: Model, cache_types: tuple[str | None, str | None], limit: int) -> int:
-    """Blocks of prefix cache for a pool of at most `limit` bytes; none for recurrent models."""
-    if not limit or any(model.cfg.recurrent):
-        return 0
+def _kv_pool_blocks(model: Model, cache_types: tuple[str | None, str | None], n_slots: int, n_ctx: int,
+                    prefix_cache_bytes: int) -> int:
+    """Blocks of the KV pool (see memory.kv_pool_blocks)."""
     b = model.b
-    return memory.prefix_cache_blocks(model.cfg, "cuda" if b.name == "cuda" else "cpu",
-                                      cache_types[0] or b.default_cache_type,
-                                      cache_types[1] or b.default_cache_type, BLOCK_SIZE, limit)
+    return memory.kv_pool_blocks(model.cfg, "cuda" if b.name == "cuda" else "cpu",
+                                 cache_types[0] or b.default_cache_type, cache_types[1] or b.default_cache_type,
+                                 BLOCK_SIZE, n_slots, n_ctx, prefix_cache_bytes)
+

@@ -9,13 +9,20 @@ its "EOS": allowed only where the grammar accepts.
 
 A Grammar is checked when it is made, without a tokenizer, so a bad schema fails before any weight
 is read; a Matcher follows one row's output token by token.
+
+A row's next mask can be started on the mask thread (Matcher.start) while the model's forward pass
+runs, since llguidance computes it without holding the GIL, and is collected when the row samples.
+A matcher is touched by one thread at a time: whatever reads or advances it first waits for the
+mask in flight.
 """
 
 import json
 import threading
 import weakref
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cache
 
 import llguidance
 import llguidance.numpy as llguidance_numpy
@@ -88,25 +95,43 @@ class Matcher:
         self.grammar = grammar
         self._matcher = _vocab(tokenizer).matcher(grammar)
         self._bits = llguidance_numpy.allocate_token_bitmask(1, tokenizer.n_vocab)
+        self._pending: Future | None = None   # the next token's mask, being computed on the mask thread
         self._fail_if_broken()
+
+    def start(self) -> None:
+        """Begin computing the next token's mask on the mask thread; allowed() collects it."""
+        if self._pending is None:
+            self._pending = _mask_thread().submit(self._fill)
 
     def allowed(self, n: int) -> np.ndarray:
         """Which of n logits (the vocabulary, and any padding past it) may be chosen next, as bools."""
-        llguidance_numpy.fill_next_token_bitmask(self._matcher, self._bits)
+        bits = self._wait()
+        if bits is None:
+            bits = self._fill()
         self._fail_if_broken()
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)
         mask = np.zeros(n, bool)
         mask[:min(n, len(bits))] = bits[:n]
         return mask
 
     def consume(self, token_id: int) -> None:
+        self._wait()
         if not self._matcher.consume_token(token_id):
             self._fail_if_broken()
 
     @property
     def done(self) -> bool:
         """The grammar is complete and can take nothing more: the output ends here."""
+        self._wait()
         return self._matcher.is_stopped()
+
+    def _fill(self) -> np.ndarray:
+        llguidance_numpy.fill_next_token_bitmask(self._matcher, self._bits)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)
+
+    def _wait(self) -> np.ndarray | None:
+        """The mask in flight, once it is done (None if there is none): the matcher is ours again."""
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending.result()
 
     def _fail_if_broken(self) -> None:
         if self._matcher.is_error():
@@ -173,6 +198,13 @@ def _vocab(tokenizer) -> _Vocab:
         if view is None:
             view = _VOCABS[tokenizer] = _Vocab(tokenizer)
         return view
+
+
+@cache
+def _mask_thread() -> ThreadPoolExecutor:
+    """One thread for every row's masks: they run beside the forward pass, not beside each other,
+    so the model's own threads keep the cores."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="llogos-masks")
 
 
 def _one_line(message: str) -> str:

@@ -1,11 +1,13 @@
-"""Which blocks of cached KV hold which prompt prefixes: the block manager of prefix caching.
+"""Which blocks of KV each row holds, and which of them hold which prompt prefixes: the block manager.
 
-Tokens are cut into blocks of BLOCK_SIZE. A full block is named by a hash chain, the digest of
-its tokens and of its parent's digest, so two prompts share a block only when they agree on every
-token up to its end. Blocks are reference-counted while rows use them; a block nobody uses keeps
-its contents and its name on an LRU list, so a later prompt can still hit it, until a new block
-needs its room (least recently used first). This module only keeps the books: the KV data lives
-in the runner's pool, one pool entry per block id.
+Tokens are cut into blocks of BLOCK_SIZE. A row's block table lists the blocks holding its tokens;
+blocks are taken as the row grows and reference-counted. A full block is named by a hash chain,
+the digest of its tokens and of its parent's digest, so two prompts share a block (the same block
+in both tables, read-only: only full blocks are named) when they agree on every token up to its
+end. A block nobody uses goes to a free list: a named one keeps its contents and its name, so a
+later prompt can still hit it, until a new block needs its room (unnamed blocks first, then the
+least recently used). This module only keeps the books: the KV data lives in the runner's cache,
+one pool entry per block id.
 """
 
 import hashlib
@@ -58,6 +60,32 @@ class BlockManager:
             parent = block.digest
         return ids
 
+    def take(self, n: int) -> list[int]:
+        """n blocks for new tokens, each with one reference and no name; the caller has checked
+        n_free. Unnamed blocks go first, then the least recently used named ones."""
+        taken = [self._take(ROOT) for _ in range(n)]
+        for block in taken:
+            block.refs = 1
+        return [block.id for block in taken]
+
+    def seal(self, table: list[int], tokens: list[int], n: int, n_sealed: int) -> int:
+        """Name the full blocks of tokens[:n] from table[n_sealed] on, now that they are written;
+        -> the number of named blocks at the head of the table. A block whose name another block
+        already has is swapped for that one (the same tokens after the same prefix: the same KV)."""
+        B = self.block_size
+        parent = self.blocks[table[n_sealed - 1]].digest if n_sealed else ROOT
+        for i in range(n_sealed, min(n // B, len(table))):
+            digest = block_hash(parent, tokens[i * B:(i + 1) * B])
+            same = self._by_digest.get(digest)
+            if same is None:
+                self._name(self.blocks[table[i]], digest)
+            elif same.id != table[i]:
+                self._acquire(same)
+                self.release([table[i]])
+                table[i] = same.id
+            parent = digest
+        return max(n_sealed, min(n // B, len(table)))
+
     def extend(self, table: list[int], tokens: list[int], n: int | None = None) -> list[tuple[int, int]]:
         """Add the full blocks of tokens[:n] past those in `table` (a row's blocks, extended in place).
         A block already cached is shared; a new one takes a free block. -> (index in table, block id)
@@ -80,12 +108,15 @@ class BlockManager:
 
     def release(self, table: list[int]) -> None:
         """A row is done with its blocks. The last block goes to the LRU list first, so a prefix's
-        tail is evicted before its head, which more prompts share."""
+        tail is evicted before its head, which more prompts share; an unnamed block, which no
+        prompt can hit, is the first to be taken again."""
         for block_id in reversed(table):
             block = self.blocks[block_id]
             block.refs -= 1
             if block.refs == 0:
                 self._unused[block_id] = block
+                if block.digest == ROOT:
+                    self._unused.move_to_end(block_id, last=False)
         table.clear()
 
     def _acquire(self, block: Block) -> None:
@@ -97,8 +128,12 @@ class BlockManager:
         if not self._unused:
             return None
         _, block = self._unused.popitem(last=False)
+        self._name(block, digest)
+        return block
+
+    def _name(self, block: Block, digest: bytes) -> None:
         if block.digest != ROOT:
             del self._by_digest[block.digest]
         block.digest = digest
-        self._by_digest[digest] = block
-        return block
+        if digest != ROOT:
+            self._by_digest[digest] = block

@@ -3,9 +3,9 @@
 A step of decode rows only (one token each) goes through the backend's decoder, which on a GPU
 replays a CUDA graph; a step with prompt chunks runs the forward pass eagerly. Plain greedy rows
 take their argmax where the logits are; only the other rows' logits cross to the host.
-With a prefix cache, the runner also holds its pool: one entry of BLOCK_SIZE positions per block,
-copied into a row's slot when the row starts from cached blocks, and filled from the slot as the
-row's blocks are first kept.
+The cache's KV is a pool of n_blocks blocks of BLOCK_SIZE positions, and the runner writes each
+row's block table into the cache's block_tables before a step (in place: a captured decode graph
+reads them); rows that share a prefix read the same blocks.
 """
 
 import numpy as np
@@ -17,10 +17,10 @@ from llogos_cli.model.forward import Batch, Model
 
 class ModelRunner:
     def __init__(self, model: Model, n_slots: int, n_ctx: int, cache_types: tuple[str | None, str | None],
-                 n_blocks: int = 0):
+                 n_blocks: int):
         self.model = model
-        self.cache = model.new_cache(n_slots, n_ctx, *cache_types)
-        self.pool = model.new_cache(n_blocks, BLOCK_SIZE, *cache_types) if n_blocks else None
+        self.cache = model.new_cache(n_slots, n_ctx, *cache_types, n_blocks=n_blocks, block_size=BLOCK_SIZE)
+        self._written: dict[int, list[int]] = {}   # slot -> the table last written there (a copy to the GPU)
         self._decode = model.b.decoder(model, self.cache)
 
     def run(self, work: list[Work]) -> list[tuple[int, list | None]]:
@@ -28,8 +28,9 @@ class ModelRunner:
         for w in work:
             if w.start == 0:   # a new sequence in this slot
                 self.cache.reset(w.row.slot)
-            for i, block in enumerate(w.prefix):
-                self.cache.copy_positions(w.row.slot, i * BLOCK_SIZE, self.pool, block, 0, BLOCK_SIZE)
+            if self._written.get(w.row.slot) != w.row.blocks:   # a decoding row's changes every 16 tokens
+                self.model.b.write_block_table(self.cache.block_tables, w.row.slot, w.row.blocks)
+                self._written[w.row.slot] = list(w.row.blocks)
         sampling = [w for w in work if w.samples]
         if all(w.end - w.start == 1 for w in work):
             logits = self._decode(np.array([w.row.tokens[w.start] for w in work], np.int32),
@@ -42,11 +43,6 @@ class ModelRunner:
                                           [w.end - w.start - 1] if w.samples else []) for w in work])
             logits = self.model.forward(self.cache, batch)
         return self._sample([w.row for w in sampling], logits)
-
-    def keep(self, slot: int, new_blocks: list[tuple[int, int]]) -> None:
-        """Copy a slot's KV into the pool: (index of the block in the slot, pool block) pairs."""
-        for i, block in new_blocks:
-            self.pool.copy_positions(block, 0, self.cache, slot, i * BLOCK_SIZE, BLOCK_SIZE)
 
     def _sample(self, rows: list, logits) -> list[tuple[int, list | None]]:
         b = self.model.b

@@ -72,6 +72,11 @@ class Sequence:
         """The next token is the argmax of the raw logits: it can be taken where the logits are."""
         return self.sampler.plain_greedy and not self.n_logprobs and self.matcher is None
 
+    def start_mask(self) -> None:
+        """Begin the grammar's mask for the next token (a constrained row), to be ready when it samples."""
+        if self.matcher is not None:
+            self.matcher.start()
+
     def choose(self, row: np.ndarray) -> tuple[int, list | None]:
         """Sample from a host logits row; with the top log-probabilities when asked for."""
         allowed = self.matcher.allowed(len(row)) if self.matcher is not None else None

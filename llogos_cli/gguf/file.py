@@ -8,8 +8,10 @@ was parsed from.
 Tensor data is never read here: `raw()` returns views into a read-only memory map.
 """
 
+import ctypes
 import hashlib
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +73,22 @@ class GGUFFile:
         t = self.tensors[name]
         rows = int(np.prod(t.shape[:-1])) if len(t.shape) > 1 else 1
         return self._data[t.offset:t.offset + t.nbytes].reshape(rows, t.nbytes // rows)
+
+
+def drop_pages(view: np.ndarray) -> None:
+    """Give back this process's pages of a view into a GGUF file's memory map that it will no longer
+    read (they stay in the page cache, and come back if it does): a matrix copied at load time then
+    counts once in the resident memory, not twice. Whole pages inside the view only; anything that is
+    not a file-backed map is left alone (dropping an anonymous page would zero it)."""
+    if not isinstance(view, np.memmap) or getattr(view, "_mmap", None) is None:
+        return
+    start = view.ctypes.data
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + view.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _cache_path(size: int, head: bytes) -> Path | None:

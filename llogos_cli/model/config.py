@@ -8,9 +8,14 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.gguf.layout import printable
 from llogos_cli.model.families import FAMILIES, SUPPORTED_ARCHS
 
-_OPTIONAL = (".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias", "rope_freqs.weight",
+_OPTIONAL = (".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias", ".attn_output.bias",
+             ".attn_sinks.weight", ".ffn_gate_inp.bias", "_exps.bias", "rope_freqs.weight",
              "rope_factors_long.weight", "rope_factors_short.weight")
 _MAX_COUNT = 1 << 31                                 # sizes and counts are int32 on every backend
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return shape[1:] if len(shape) > 1 and shape[0] == 1 else shape
 
 
 def _show(value) -> str:
@@ -82,6 +87,8 @@ class ModelConfig:
     n_expert: int                     # experts per MoE layer (ffn_*_exps); 0 for a dense feed-forward
     n_expert_used: int                # experts each token is routed to
     n_ff_exp: int                     # each expert's hidden size
+    expert_norm: bool                 # the chosen experts' router probabilities renormalised to sum to 1
+    n_ff_shexp: int                   # the shared expert's hidden size (ffn_*_shexp); 0: none
     n_ctx_train: int
     norm_eps: float
     rope_dims: int                    # leading dims of each head that are rotated
@@ -90,6 +97,7 @@ class ModelConfig:
     rope_freq_scale: tuple[float, ...]
     rope_layers: tuple[bool, ...]     # per layer: queries and keys rotated (SmolLM3 leaves some unrotated)
     rope_attn_factor: float           # rotated features times this (Phi-3's long-context RoPE)
+    rope_yarn: bool                   # frequencies scaled by YaRN (model/yarn.py), not linearly
     n_ctx_orig: int                   # contexts past this take rope_factors_long, the rest rope_factors_short
     window: tuple[int, ...]           # per layer: sliding-window size, 0 for global attention
     recurrent: tuple[bool, ...]       # per layer: a recurrent sublayer (see ssm, conv_kernel) instead of attention
@@ -100,6 +108,8 @@ class ModelConfig:
     attn_softcap: float               # attention scores s become c * tanh(s / c); 0: not capped
     final_softcap: float              # the same for the logits
     gelu_ffn: bool
+    swiglu_limit: float               # experts' SwiGLU clamped as gpt-oss's (see Family); 0: plain
+    swiglu_alpha: float
     pre_norms: bool
     post_norms: bool
     qk_norm: str                      # "", "head" or "all" (see Family)
@@ -157,9 +167,9 @@ class ModelConfig:
             n_vocab = f.tensors["token_embd.weight"].shape[0]
         base = real("rope.freq_base", 10000.0)
         scaling = key("rope.scaling.type", "none")
-        if scaling not in ("none", "linear"):
-            raise LlogosError(f"{f.path}: unsupported rope scaling {_show(scaling)} (supported: none, linear)")
-        scale = 1.0 / real("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
+        if scaling not in ("none", "linear", "yarn"):
+            raise LlogosError(f"{f.path}: unsupported rope scaling {_show(scaling)} (supported: none, linear, yarn)")
+        scale = 1.0 / real("rope.scaling.factor", 1.0) if scaling != "none" else 1.0
 
         fam = FAMILIES[arch]
         window, rope_base, freq_scale = [0] * n_layer, [base] * n_layer, [scale] * n_layer
@@ -209,12 +219,13 @@ class ModelConfig:
             n_head_kv=n_head_kv,
             head_dim_k=head_dim_k, head_dim_v=count("attention.value_length", head_dim_k),
             n_ff=count("feed_forward_length", n_ff_exp or None), n_ctx_train=n_ctx_train,
-            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, expert_norm=fam.expert_norm,
+            n_ff_shexp=count("expert_shared_feed_forward_length", n_ff_exp) if fam.shared_expert and n_expert else 0,
             norm_eps=real("attention.layer_norm_rms_epsilon"),
             rope_dims=count("rope.dimension_count", head_dim_k, least=0), rope_neox=fam.rope_neox,
             rope_base=tuple(rope_base), rope_freq_scale=tuple(freq_scale),
             rope_layers=tuple(not period or (il + 1) % period != 0 for il in range(n_layer)),
-            rope_attn_factor=real("rope.scaling.attn_factor", 1.0),
+            rope_attn_factor=real("rope.scaling.attn_factor", 1.0), rope_yarn=scaling == "yarn",
             n_ctx_orig=count("rope.scaling.original_context_length", n_ctx_train),
             window=tuple(window), recurrent=tuple(recurrent),
             embed_scale=optional("embedding_scale", math.sqrt(n_embd) if fam.embed_scaled else 1.0),
@@ -222,7 +233,7 @@ class ModelConfig:
             residual_scale=optional("residual_scale", 1.0), logit_scale=1.0 / optional("logit_scale", 1.0),
             attn_softcap=optional("attn_logit_softcapping", fam.attn_softcap),
             final_softcap=optional("final_logit_softcapping", fam.final_softcap),
-            gelu_ffn=fam.gelu_ffn, pre_norms=fam.pre_norms, post_norms=fam.post_norms, qk_norm=fam.qk_norm,
+            gelu_ffn=fam.gelu_ffn, swiglu_limit=fam.swiglu_limit, swiglu_alpha=fam.swiglu_alpha, pre_norms=fam.pre_norms, post_norms=fam.post_norms, qk_norm=fam.qk_norm,
             fused_qkv=f"blk.{first_attention}.attn_qkv.weight" in f.tensors and not recurrent[first_attention],
             fused_ffn="blk.0.ffn_gate.weight" not in f.tensors and "blk.0.ffn_up.weight" in f.tensors,
             attn_gate=fam.attn_gate, ffn_norm=fam.ffn_norm,
@@ -238,6 +249,8 @@ class ModelConfig:
             raise LlogosError(f"{f.path}: {self.n_head} attention heads do not group over {self.n_head_kv} KV heads")
         if self.rope_dims > self.head_dim_k or self.rope_dims % 2:
             raise LlogosError(f"{f.path}: rope dimension {self.rope_dims} does not fit head size {self.head_dim_k}")
+        if self.rope_yarn and any(name in f.tensors for name in _OPTIONAL if name.startswith("rope_")):
+            raise LlogosError(f"{f.path}: YaRN scaling with per-pair rope factors is not supported")
         if len(self.recurrent) != self.n_layer:
             raise LlogosError(f"{f.path}: recurrent layer pattern has {len(self.recurrent)} entries "
                               f"for {self.n_layer} layers")
@@ -246,8 +259,8 @@ class ModelConfig:
         if missing:
             raise LlogosError(f"{f.path}: tensor {missing[0]} is missing"
                               + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        for name, shape in shapes.items():
-            if name in f.tensors and f.tensors[name].shape != shape:
+        for name, shape in shapes.items():   # a leading 1 is the same shape (writers keep or drop it)
+            if name in f.tensors and _squeezed(f.tensors[name].shape) != _squeezed(shape):
                 raise LlogosError(f"{f.path}: tensor {name} has shape {list(f.tensors[name].shape)}, "
                                   f"the metadata implies {list(shape)}")
 
@@ -266,7 +279,13 @@ class ModelConfig:
             if self.n_expert:
                 n_e, ff = self.n_expert, self.n_ff_exp
                 layer |= {"ffn_gate_inp.weight": (n_e, d), "ffn_gate_exps.weight": (n_e, ff, d),
-                          "ffn_up_exps.weight": (n_e, ff, d), "ffn_down_exps.weight": (n_e, d, ff)}
+                          "ffn_up_exps.weight": (n_e, ff, d), "ffn_down_exps.weight": (n_e, d, ff),
+                          "ffn_gate_inp.bias": (n_e,), "ffn_gate_exps.bias": (n_e, ff),
+                          "ffn_up_exps.bias": (n_e, ff), "ffn_down_exps.bias": (n_e, d)}
+                if self.n_ff_shexp:
+                    sh = self.n_ff_shexp
+                    layer |= {"ffn_gate_inp_shexp.weight": (1, d), "ffn_gate_shexp.weight": (sh, d),
+                              "ffn_up_shexp.weight": (sh, d), "ffn_down_shexp.weight": (d, sh)}
             elif self.fused_ffn:
                 layer |= {"ffn_up.weight": (2 * self.n_ff, d), "ffn_down.weight": (d, self.n_ff)}
             else:
@@ -292,7 +311,8 @@ class ModelConfig:
                     layer |= {"attn_q.weight": (q_rows, d), "attn_k.weight": (n_kv * dk, d),
                               "attn_v.weight": (n_kv * dv, d), "attn_q.bias": (q_rows,),
                               "attn_k.bias": (n_kv * dk,), "attn_v.bias": (n_kv * dv,)}
-                layer |= {"attn_output.weight": (d, self.n_head * dv)}
+                layer |= {"attn_output.weight": (d, self.n_head * dv), "attn_output.bias": (d,),
+                          "attn_sinks.weight": (self.n_head,)}
                 if self.qk_norm == "head":
                     layer |= {"attn_q_norm.weight": (dk,), "attn_k_norm.weight": (dk,)}
                 elif self.qk_norm == "all":

@@ -26,6 +26,12 @@ class Family:
     attn_softcap: float = 0.0        # defaults of the soft-caps when the file has none (0: none)
     final_softcap: float = 0.0
     output_norm: str = "output_norm.weight"   # tensor holding the final norm
+    # Experts' SwiGLU clamped as gpt-oss's: gate up to limit, up within +-limit, then
+    # gate * sigmoid(alpha * gate) * (up + 1); 0: the plain SwiGLU. llama.cpp fixes both in code.
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.0
+    expert_norm: bool = True         # the chosen experts' probabilities scaled to sum to 1
+    shared_expert: bool = False      # beside the routed experts, one every token takes (ffn_*_shexp)
 
 
 FAMILIES = {
@@ -45,5 +51,10 @@ FAMILIES = {
     "lfm2": Family(rope_neox=True, qk_norm="head", output_norm="token_embd_norm.weight"),
     # Routed experts where the file has an expert count (ModelConfig.n_expert).
     "qwen3moe": Family(rope_neox=True, qk_norm="head"),
+    # Its shared expert's output is gated by a sigmoid of ffn_gate_inp_shexp.
+    "qwen2moe": Family(rope_neox=True, expert_norm=False, shared_expert=True),
+    # Attention sinks where the file has attn_sinks; biases on every projection and expert.
+    "gpt-oss": Family(rope_neox=True, ffn_norm="post_attention_norm", swa_period=2, swa_rope_scaled=True,
+                      swiglu_limit=7.0, swiglu_alpha=1.702),
 }
 SUPPORTED_ARCHS = tuple(FAMILIES)

@@ -8,11 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model import deltanet, shortconv
+from llogos_cli.model.yarn import yarn_rotation
 from llogos_cli.model.config import ModelConfig
 
 
@@ -25,7 +27,9 @@ class Model:
 
         def load(name: str):
             info, raw = f.tensors[name], f.raw(name)
-            if len(info.shape) == 1:
+            if name.endswith("_inp_shexp.weight"):   # one row, also when written as a vector
+                return backend.matrix(raw.reshape(1, -1), info.ggml_type, matmul=True)
+            if len(info.shape) == 1 or name.endswith(".bias"):   # experts' biases (n_expert, out) too
                 return backend.vector(raw, info.ggml_type)
             in_products = name != "token_embd.weight" or self.cfg.output == name
             return backend.matrix(raw, info.ggml_type, matmul=in_products)
@@ -35,19 +39,30 @@ class Model:
             self.w = dict(zip(f.tensors, pool.map(load, f.tensors)))
         # What one decode step streams from memory: the basis of the bandwidth figure.
         self.weight_bytes = sum(w.nbytes for w in self.w.values())
+        # YaRN: each layer's scaled rotation as per-pair frequency divisors and a scale.
+        self._yarn = [self._yarn_rotation(il) for il in range(self.cfg.n_layer)] if self.cfg.rope_yarn else None
 
-    def new_cache(self, n_slots: int, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> "Cache":
+    def new_cache(self, n_slots: int, n_ctx: int, type_k: str | None = None, type_v: str | None = None,
+                  n_blocks: int = 0, block_size: int = 0) -> "Cache":
         """KV cache and recurrent state for n_slots sequences of up to n_ctx tokens each, plus one
         scratch slot (pad_slot) that padding rows of a fixed-size decode step may write to. The
-        cache types default to the backend's (f32 on CPU, f16 on GPU)."""
+        cache types default to the backend's (f32 on CPU, f16 on GPU). With n_blocks (the batch
+        engine's paged cache), each attention layer's KV is one pool of n_blocks blocks of block_size
+        positions that a slot reaches through its row of block_tables, instead of n_ctx per slot."""
         c = self.cfg
         type_k, type_v = type_k or self.b.default_cache_type, type_v or self.b.default_cache_type
         n = n_slots + 1
+        tables = None
+        if n_blocks:   # (n, blocks per row); pad_slot's row all at one more block, the scratch
+            tables = self.b.block_tables(n, -(-n_ctx // block_size))
+            tables[n_slots] = n_blocks
         kv = [None if c.recurrent[il] else
+              self.b.paged_kv_cache(tables, n_blocks + 1, block_size, c.n_head_kv, c.head_dim_k, c.head_dim_v,
+                                    type_k, type_v) if n_blocks else
               self.b.kv_cache(n, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
               for il in range(c.n_layer)]
         state = [self._recurrent.new_state(self.b, c, n) if c.recurrent[il] else None for il in range(c.n_layer)]
-        return Cache(n_slots, n_ctx, kv, state)
+        return Cache(n_slots, n_ctx, kv, state, tables)
 
     def new_context(self, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> "Context":
         """One sequence: slot 0 of a cache of its own."""
@@ -107,6 +122,11 @@ class Model:
         ctx.n_past += T
         return logits
 
+    def _yarn_rotation(self, il: int) -> tuple:
+        c = self.cfg
+        divisors, scale = yarn_rotation(c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.n_ctx_orig)
+        return self.b.vector(divisors.view(np.uint8), GGMLQuantizationType.F32), c.rope_attn_factor * scale
+
     @property
     def _recurrent(self):
         """The module of this family's recurrent layers: LFM2's short convolutions or Gated DeltaNet."""
@@ -145,13 +165,16 @@ class Model:
             k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)  # (T, n_head_kv, dk)
         if c.rope_layers[il]:
             rope = (c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors, c.rope_attn_factor)
+            if self._yarn:
+                rope = (c.rope_dims, c.rope_base[il], 1.0, c.rope_neox, *self._yarn[il])
             q = b.rope(q, pos, *rope)                     # (T, n_head, dk)
             k = b.rope(k, pos, *rope)                     # (T, n_head_kv, dk)
         b.kv_store(kv, k, v, layout)
-        o = b.attention(q, kv, layout, c.attn_scale, c.window[il], c.attn_softcap)  # (T, n_head, dv)
+        o = b.attention(q, kv, layout, c.attn_scale, c.window[il], c.attn_softcap,
+                        w.get(p + "attn_sinks.weight"))   # (T, n_head, dv)
         if c.attn_gate:
             o = b.mul(o, b.sigmoid(gate))                 # (T, n_head, dv)
-        return b.matmul(o.reshape(T, c.n_head * c.head_dim_v), w[p + "attn_output.weight"])
+        return self._linear(p + "attn_output", o.reshape(T, c.n_head * c.head_dim_v))  # (T, n_embd)
 
     def _ffn(self, p: str, x):
         b, w, n_ff = self.b, self.w, self.cfg.n_ff
@@ -166,13 +189,23 @@ class Model:
 
     def _experts(self, p: str, x):
         """Mixture of experts: each token through the n_expert_used experts its router picks, their
-        outputs weighted by the router's renormalised probabilities."""
+        outputs weighted by the router's probabilities (renormalised over the chosen ones unless
+        the family keeps them), plus a shared expert where the family has one."""
         c, b, w = self.cfg, self.b, self.w
-        experts, weights = b.route(b.matmul(x, w[p + "ffn_gate_inp.weight"]), c.n_expert_used)  # (T, k) each
-        gate = b.matmul_experts(x, w[p + "ffn_gate_exps.weight"], experts, c.n_expert)  # (T, k, n_ff_exp)
-        up = b.matmul_experts(x, w[p + "ffn_up_exps.weight"], experts, c.n_expert)      # (T, k, n_ff_exp)
-        h = b.glu(gate, up, c.gelu_ffn)                                                  # (T, k, n_ff_exp)
-        return b.matmul_experts(h, w[p + "ffn_down_exps.weight"], experts, c.n_expert, weights)  # (T, n_embd)
+        experts, weights = b.route(self._linear(p + "ffn_gate_inp", x), c.n_expert_used, c.expert_norm)  # (T, k) each
+
+        def product(name: str, h, weights=None):   # with each expert's bias where the file has them
+            return b.matmul_experts(h, w[p + name + ".weight"], experts, c.n_expert, weights, w.get(p + name + ".bias"))
+
+        gate, up = product("ffn_gate_exps", x), product("ffn_up_exps", x)              # (T, k, n_ff_exp) each
+        h = (b.swiglu_oai(gate, up, c.swiglu_alpha, c.swiglu_limit) if c.swiglu_limit
+             else b.glu(gate, up, c.gelu_ffn))                                           # (T, k, n_ff_exp)
+        out = product("ffn_down_exps", h, weights)                                       # (T, n_embd)
+        if c.n_ff_shexp:   # the shared expert, which every token takes, behind a sigmoid gate
+            gate, up = b.matmuls(x, [w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"]])  # (T, n_ff_shexp)
+            shared = b.matmul(b.glu(gate, up, c.gelu_ffn), w[p + "ffn_down_shexp.weight"])        # (T, n_embd)
+            out = b.add(out, b.scale_rows(shared, b.sigmoid(b.matmul(x, w[p + "ffn_gate_inp_shexp.weight"]))))
+        return out
 
     def _linear(self, name: str, x):
         return self._linears([name], x)[0]
@@ -211,11 +244,14 @@ class Batch:
 @dataclass(slots=True)
 class Cache:
     """The KV cache of attention layers and the recurrent state of the rest, one region per slot
-    (the first axis of every array); slot n_slots is the scratch pad_slot."""
+    (the first axis of every array); slot n_slots is the scratch pad_slot. A paged cache's KV is a
+    pool of blocks instead, block_tables[slot] listing the blocks that hold the slot's positions
+    in order (its first entries only: as many as the slot's sequence has reached)."""
     n_slots: int
     n_ctx: int
     kv: list
     state: list
+    block_tables: object = None   # paged: backend int32 (n_slots + 1, ceil(n_ctx / block size))
 
     @property
     def pad_slot(self) -> int:

@@ -1,7 +1,9 @@
 """What a model will need in memory, against what there is: decided before any weight is read.
 
-The need is the weights as the backend will hold them, the KV cache of n_slots sequences of n_ctx
-positions, the recurrent state, and scratch for a prefill batch. Host memory is what the kernel
+The need is the weights as the backend will hold them, the KV cache, the recurrent state, and
+scratch for a prefill batch. The KV cache is a pool of blocks that rows take as they grow (the
+batch engine's paged cache), which must hold one full context and is otherwise sized to the memory
+left once the model is loaded (kv_pool_blocks), so -np does not multiply the need. Host memory is what the kernel
 reports available (MemAvailable, bounded by a cgroup limit); on CUDA, the GPU's free memory. A
 model that cannot fit is refused with one line, instead of being killed by the kernel part-way.
 """
@@ -25,9 +27,9 @@ F32_HEADROOM = 0.5
 # ...and only for models this small (weights used in products): past it, decode reads 4 bytes a
 # weight from memory on the float32 path, slower than the quantized kernels (see docs/PERF.md).
 F32_MAX_WEIGHTS = 200_000_000
-# The prefix cache's pool takes at most this share of the memory left after loading (on the CPU
-# it is paged in only as blocks fill; on a GPU it is allocated at start).
-PREFIX_CACHE_SHARE = 0.5
+# The paged KV pool takes at most this share of the memory left after loading: rows past it wait
+# or are preempted instead of driving the machine into swap.
+KV_POOL_SHARE = 0.5
 PREFILL_BATCH = 512      # tokens a prefill step holds activations for (engine.generation's batch)
 QUERY_CHUNK = 256        # query rows whose attention scores the CPU holds at once
 # Bytes per cached element: the CPU holds q8_0 entries as float32 after rounding, CUDA packs them.
@@ -67,9 +69,11 @@ def weight_bytes(f: GGUFFile, cfg: ModelConfig, held: str) -> int:
 
 def need(f: GGUFFile, cfg: ModelConfig, held: str, n_ctx: int, type_k: str, type_v: str,
          n_slots: int = 1) -> Need:
-    """Memory for the weights as `held` (see weight_bytes) and n_slots sequences of n_ctx tokens."""
+    """Memory for the weights as `held` (see weight_bytes), the KV of one context of n_ctx tokens
+    (the least a pool holds; kv_pool_blocks sizes it once the model is loaded) and the recurrent
+    state of n_slots sequences."""
     device = "cuda" if held == "cuda" else "cpu"
-    kv = int(n_slots * n_ctx * kv_bytes_per_position(cfg, device, type_k, type_v))
+    kv = int(n_ctx * kv_bytes_per_position(cfg, device, type_k, type_v))   # the paged pool's least
     state = 4 * n_slots * sum(cfg.recurrent) * (cfg.ssm.state_floats if cfg.ssm else 0)
     batch = min(n_ctx, PREFILL_BATCH)
     activations = batch * (6 * cfg.n_embd + 3 * cfg.n_ff + cfg.n_head * (cfg.head_dim_k + cfg.head_dim_v))
@@ -85,13 +89,20 @@ def kv_bytes_per_position(cfg: ModelConfig, device: str, type_k: str, type_v: st
                                      + cfg.head_dim_v * _KV_BYTES[device][type_v])
 
 
-def prefix_cache_blocks(cfg: ModelConfig, device: str, type_k: str, type_v: str, block_size: int,
-                        limit: int) -> int:
-    """Blocks the prefix cache's pool may hold: within `limit` bytes (--cache-ram) and within
-    PREFIX_CACHE_SHARE of the memory available now, once the model and its slots have theirs."""
-    available = gpu_available() if device == "cuda" else host_available()
+def kv_pool_blocks(cfg: ModelConfig, device: str, type_k: str, type_v: str, block_size: int, n_slots: int,
+                   n_ctx: int, cache_bytes: int) -> int:
+    """Blocks of the paged KV pool on "cpu" or "cuda": room for every slot at its full context plus
+    `cache_bytes` of prompt prefixes kept for reuse (--cache-ram), within KV_POOL_SHARE of the
+    memory available now, and never less than one full context (a request that fits alone always
+    runs). On the CPU the pool's pages are touched only as blocks are first written; on a GPU it is
+    allocated at start."""
     per_block = block_size * kv_bytes_per_position(cfg, device, type_k, type_v)
-    return int(min(limit, PREFIX_CACHE_SHARE * available) // per_block) if per_block else 0
+    row = -(-n_ctx // block_size)
+    if not per_block:   # no attention layers: the tables are never read
+        return row
+    available = gpu_available() if device == "cuda" else host_available()
+    want = n_slots * row + int(cache_bytes // per_block)
+    return max(row, min(want, int(KV_POOL_SHARE * available // per_block)))
 
 
 def host_available() -> int:

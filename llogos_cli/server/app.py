@@ -36,7 +36,7 @@ from llogos_cli.server.prepare import (
     prepare_chat,
     prepare_completion,
 )
-from llogos_cli.server.render import DONE, ChatRenderer, CompletionRenderer, sse
+from llogos_cli.server.render import DONE, ChatRenderer, Choices, CompletionRenderer, Envelope, sse
 from llogos_cli.server.request_log import RequestLog
 
 RETRY_AFTER_S = 1   # what a client told the queue is full should wait before trying again
@@ -127,40 +127,47 @@ def create_app(hub: Hub, max_body: int = MAX_BODY) -> FastAPI:
 
 
 async def _answer(hub: Hub, service: Service, prepared: Prepared, body, renderer_class, request: Request):
-    req = prepared.request
+    requests = prepared.requests
+    if len(requests) > service.engine.capacity:
+        raise ApiError(400, f"n {len(requests)} is more choices than this server has slots and queue places "
+                       f"({service.engine.capacity})", param="n")
     try:
-        events = service.engine.submit(req)
+        events = service.engine.submit(requests)
     except Busy:
         raise ApiError(503, "the server is busy: every slot is taken and the queue is full", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    renderer = renderer_class(req.id, hub.model_id, service.tokenizer, prepared.n_top, len(req.prompt),
-                              body.include_usage, prepared.tools, prepared.parallel_tool_calls)
+    envelope = Envelope(prepared.id, hub.model_id, service.tokenizer, prepared.n_top, body.include_usage,
+                        prepared.tools, prepared.parallel_tool_calls)
+    ids = [r.id for r in requests]
+    choices = Choices(renderer_class, envelope, ids, len(requests[0].prompt))
     accepted = await _until_disconnect(events.get(), request)
     if isinstance(accepted, LlogosError):
         raise _failure(accepted) if isinstance(accepted, ShuttingDown) else ApiError(400, str(accepted))
     if accepted is not GONE and body.stream:   # from here the stream owns the request
-        return StreamingResponse(_stream(hub, service, req.id, events, renderer), media_type="text/event-stream",
+        return StreamingResponse(_stream(hub, service, ids, events, choices), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    result = GONE if accepted is GONE else await _until_disconnect(_result(events), request)
-    if result is GONE:
-        service.engine.cancel(req.id)
+    failed = GONE if accepted is GONE else await _until_disconnect(_results(events, choices), request)
+    if failed is GONE:
+        for rid in ids:
+            service.engine.cancel(rid)
         hub.metrics.request("cancelled")
         return Response(status_code=499)   # nginx's "client closed request": nobody reads it
-    if isinstance(result, LlogosError):
+    if failed is not None:
         hub.metrics.request("failed")
-        return _failure(result).response()
+        return _failure(failed).response()
     hub.metrics.request("ok")
-    return JSONResponse(renderer.whole(result).model_dump(mode="json"))
+    return JSONResponse(choices.body().model_dump(mode="json"))
 
 
-async def _result(events: asyncio.Queue):
-    """The request's Result, or the LlogosError that ended it."""
-    while True:
+async def _results(events: asyncio.Queue, choices: Choices) -> LlogosError | None:
+    """Every choice's Result into `choices`; or the LlogosError that ended them."""
+    while not choices.done:
         item = await events.get()
         if isinstance(item, LlogosError):
             return item
         if item.result is not None:
-            return item.result
+            choices.add(item.result)
+    return None
 
 
 GONE = object()   # what _until_disconnect returns when the client left first
@@ -184,12 +191,12 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _stream(hub: Hub, service: Service, rid: str, events: asyncio.Queue, renderer):
-    """The events of one request as SSE. Starlette cancels this generator when the client
-    disconnects; the finally then frees the request's slot before the engine's next step."""
+async def _stream(hub: Hub, service: Service, ids: list, events: asyncio.Queue, choices: Choices):
+    """The events of one response's requests as SSE. Starlette cancels this generator when the client
+    disconnects; the finally then frees every choice's slot before the engine's next step."""
     done = False
     try:
-        for chunk in renderer.first():
+        for chunk in choices.first():
             yield chunk
         while True:
             item = await events.get()
@@ -198,18 +205,20 @@ async def _stream(hub: Hub, service: Service, rid: str, events: asyncio.Queue, r
                 hub.metrics.request("failed")
                 yield sse(_failure(item).body())
                 return
-            if item.token is not None and (chunk := renderer.token(item.token)) is not None:
+            if item.token is not None and (chunk := choices.token(item.id, item.token)) is not None:
                 yield chunk
             if item.result is not None:
-                done = True
-                for chunk in renderer.last(item.result):
+                for chunk in choices.last(item.result):
                     yield chunk
-                yield DONE
-                hub.metrics.request("ok")
-                return
+                if choices.done:
+                    done = True
+                    yield DONE
+                    hub.metrics.request("ok")
+                    return
     finally:
         if not done:
-            service.engine.cancel(rid)
+            for rid in ids:
+                service.engine.cancel(rid)
             hub.metrics.request("cancelled")
 
 

@@ -31,11 +31,11 @@ class EngineThread:
     def __init__(self, engine: BatchEngine, loop: asyncio.AbstractEventLoop, n_slots: int, queue_size: int,
                  metrics: Metrics):
         self.engine, self.metrics = engine, metrics
-        self.capacity = n_slots + queue_size   # requests running or waiting
+        self.capacity = n_slots + queue_size   # engine requests (a response's choices each count) running or waiting
         self._loop = loop
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._adds: list[tuple[Request, asyncio.Queue]] = []
+        self._adds: list[tuple[tuple[Request, ...], asyncio.Queue]] = []
         self._cancels: list[str] = []
         self._stopping = self._closing = False
         self._in_flight = 0
@@ -45,15 +45,16 @@ class EngineThread:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, request: Request) -> asyncio.Queue:
-        """Queue a request (event loop side); its events arrive on the returned queue: ACCEPTED or a
-        LlogosError, then an Update per step until the one that carries its result."""
+    def submit(self, requests: tuple[Request, ...]) -> asyncio.Queue:
+        """Queue the requests of one response's choices, all or none (event loop side); their events
+        arrive on the returned queue: ACCEPTED or a LlogosError, then each request's Updates, until
+        each has had the one that carries its result."""
         events: asyncio.Queue = asyncio.Queue()
         with self._lock:
-            if self._in_flight >= self.capacity:
+            if self._in_flight + len(requests) > self.capacity:
                 raise Busy
-            self._in_flight += 1
-            self._adds.append((request, events))
+            self._in_flight += len(requests)
+            self._adds.append((requests, events))
         self._wake.set()
         return events
 
@@ -74,9 +75,9 @@ class EngineThread:
         self._wake.set()
         self._thread.join(timeout)
 
-    def _release(self) -> None:
+    def _release(self, n: int = 1) -> None:
         with self._lock:
-            self._in_flight -= 1
+            self._in_flight -= n
 
     def _run(self) -> None:
         while True:
@@ -102,23 +103,24 @@ class EngineThread:
                 self._wake.wait()
                 self._wake.clear()
 
-    def _admit(self, adds: list[tuple[Request, asyncio.Queue]]) -> list:
+    def _admit(self, adds: list[tuple[tuple[Request, ...], asyncio.Queue]]) -> list:
         out = []
-        for request, events in adds:
+        for requests, events in adds:
             try:
-                self.engine.add(request)
+                self.engine.add_choices(list(requests))
             except LlogosError as e:
                 out.append((events, e))
-                self._release()
+                self._release(len(requests))
                 continue
-            self._events[request.id] = events
+            for request in requests:
+                self._events[request.id] = events
             out.append((events, ACCEPTED))
         return out
 
-    def _end_all(self, adds: list[tuple[Request, asyncio.Queue]]) -> list:
+    def _end_all(self, adds: list[tuple[tuple[Request, ...], asyncio.Queue]]) -> list:
         out = [(events, ShuttingDown("the server is shutting down")) for _, events in adds]
-        for _ in adds:
-            self._release()
+        for requests, _ in adds:
+            self._release(len(requests))
         for rid, events in self._events.items():
             self.engine.cancel(rid)
             self._release()

@@ -8,7 +8,7 @@ request reaches the engine.
 import secrets
 from dataclasses import dataclass, replace
 
-from llogos_cli.engine.batch import Request
+from llogos_cli.engine.batch import Request, row_seed
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.engine.grammar import Grammar, Matcher
 from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
@@ -33,7 +33,8 @@ class Defaults:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    request: Request
+    id: str                            # the response's
+    requests: tuple[Request, ...]      # one per choice, in the choices' order
     n_top: int | None                  # top log-probabilities to report; None: none at all
     tools: frozenset[str] = frozenset()   # functions whose calls the reply is searched for
     parallel_tool_calls: bool = True
@@ -143,9 +144,19 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
         _grammar(lambda: Matcher(grammar, tokenizer), "response_format")
     n_top = body.n_top
     # Unique across requests and restarts, as OpenAI's are: clients and logs may key on them.
-    request = Request(f"{kind}-{secrets.token_hex(12)}", ids, params, replace(criteria, n_predict=n_predict),
-                      _engine_logprobs(n_top, params), grammar)
-    return Prepared(request, n_top)
+    rid = f"{kind}-{secrets.token_hex(12)}"
+    criteria = replace(criteria, n_predict=n_predict)
+    requests = tuple(Request(rid if body.n == 1 else f"{rid}/{i}", ids, _choice_params(params, i), criteria,
+                             _engine_logprobs(n_top, params), grammar) for i in range(body.n))
+    return Prepared(rid, requests, n_top)
+
+
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice i's own random stream: choice 0 keeps the seed (it answers as n = 1 would), the others
+    draw from seeds derived from it, so a seed gives the same n choices every time."""
+    if index == 0 or params.seed is None:
+        return params
+    return replace(params, seed=row_seed(params.seed, index))
 
 
 def _logit_bias(biases: dict[str, float], n_vocab: int) -> tuple[tuple[int, float], ...]:

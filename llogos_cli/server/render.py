@@ -3,9 +3,12 @@
 A token's text is what it adds to the reply after stop strings are held back, so a stream's
 chunks join to exactly the whole response's text; what is released only at the end (a held-back
 prefix of a stop string that never completed, a partial UTF-8 character) goes in the last chunk.
+A request for n choices runs n engine rows; each row's tokens go through its own renderer, which
+marks its chunks with the choice's index, and Choices joins them under one id and one usage.
 """
 
 import time
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
@@ -26,34 +29,38 @@ def sse(event: BaseModel, exclude: set[str] | None = None) -> bytes:
     return b"data: " + event.model_dump_json(exclude=exclude).encode() + b"\n\n"
 
 
-class _Renderer:
-    def __init__(self, rid: str, model: str, tokenizer, n_top: int | None, prompt_n: int, include_usage: bool,
-                 tools: frozenset[str] = frozenset(), parallel_tool_calls: bool = True):
-        self.rid, self.model, self.tokenizer = rid, model, tokenizer
-        self.n_top, self.prompt_n, self.include_usage = n_top, prompt_n, include_usage
-        self.tools, self.parallel_tool_calls = tools, parallel_tool_calls
-        self.created = int(time.time())
-        self.sent = ""           # streamed text so far
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What every chunk and body of one response shares."""
+    id: str
+    model: str
+    tokenizer: object
+    n_top: int | None                  # top log-probabilities to report; None: none at all
+    include_usage: bool = False        # a stream asked for usage (stream_options)
+    tools: frozenset[str] = frozenset()
+    parallel_tool_calls: bool = True
+    created: int = field(default_factory=lambda: int(time.time()))
 
-    def _sse(self, chunk: BaseModel) -> bytes:
+    def sse(self, chunk: BaseModel) -> bytes:
         # OpenAI sends a chunk's "usage" (null until the last) only to streams that asked for it.
         return sse(chunk, exclude=None if self.include_usage else {"usage"})
 
-    def usage(self, result: Result) -> s.Usage:
-        """The finished request's token counts, for its response and for its line in the request log."""
-        n = result.timings.predicted_n
-        request_log.note_tokens(self.prompt_n, n)
-        return s.Usage(prompt_tokens=self.prompt_n, completion_tokens=n, total_tokens=self.prompt_n + n,
-                       prompt_tokens_details=s.PromptTokensDetails(cached_tokens=result.prefix_hit))
+
+class _Renderer:
+    """One choice's tokens and result."""
+
+    def __init__(self, envelope: Envelope, index: int = 0):
+        self.envelope, self.index = envelope, index
+        self.sent = ""           # streamed text so far
 
     def _piece(self, token_id: int) -> tuple[str, list[int]]:
-        raw = self.tokenizer.token_bytes(token_id, special=True)
+        raw = self.envelope.tokenizer.token_bytes(token_id, special=True)
         return raw.decode("utf-8", errors="replace"), list(raw)
 
     def _top(self, token_id: int, top: list) -> tuple[float, list[tuple[str, list[int], float]]]:
         """The token's own log-probability and the first n_top of the engine's top list."""
         own = next((lp for i, lp in top if i == token_id), FLOOR_LOGPROB)
-        return own, [(*self._piece(i), lp) for i, lp in top[:self.n_top]]
+        return own, [(*self._piece(i), lp) for i, lp in top[:self.envelope.n_top]]
 
 
 class ChatRenderer(_Renderer):
@@ -64,8 +71,9 @@ class ChatRenderer(_Renderer):
     _holding = False        # a call marker was seen: the rest of the reply is held
 
     def _chunk(self, delta: s.ChatDelta, finish: str | None = None, logprobs=None) -> bytes:
-        choice = s.ChatChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
-        return self._sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model, choices=[choice]))
+        choice = s.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs)
+        r = self.envelope
+        return r.sse(s.ChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[choice]))
 
     def _logprobs(self, ids: list[int], tops: list) -> s.ChatLogprobs:
         content = []
@@ -80,11 +88,11 @@ class ChatRenderer(_Renderer):
         return [self._chunk(s.ChatDelta(role="assistant", content=""))]
 
     def token(self, token: Token) -> bytes | None:
-        text = self._release(token.text) if self.tools else token.text
-        if not text and self.n_top is None:
+        text = self._release(token.text) if self.envelope.tools else token.text
+        if not text and self.envelope.n_top is None:
             return None
         self.sent += text
-        logprobs = None if self.n_top is None else self._logprobs([token.id], [token.logprobs])
+        logprobs = None if self.envelope.n_top is None else self._logprobs([token.id], [token.logprobs])
         return self._chunk(s.ChatDelta(content=text), logprobs=logprobs)
 
     def _release(self, text: str) -> str:
@@ -104,45 +112,51 @@ class ChatRenderer(_Renderer):
 
     def _reply(self, result: Result) -> tuple[str | None, list[tool_calls.ToolCall], str]:
         """The reply's content, its tool calls, and its finish reason."""
-        if not self.tools:
+        if not self.envelope.tools:
             return result.text, [], FINISH[result.stop]
-        content, calls = tool_calls.parse(result.text, self.tools)
+        content, calls = tool_calls.parse(result.text, self.envelope.tools)
         if not calls:
             return result.text, [], FINISH[result.stop]
-        return content, calls if self.parallel_tool_calls else calls[:1], "tool_calls"
+        return content, calls if self.envelope.parallel_tool_calls else calls[:1], "tool_calls"
 
     def last(self, result: Result) -> list[bytes]:
-        usage = self.usage(result)
         content, calls, finish = self._reply(result)
-        if calls:   # what content is left, then each call whole, in OpenAI's delta shape
-            tail = content[len(self.sent):] if content and content.startswith(self.sent) else ""
-            chunks = [self._chunk(s.ChatDelta(content=tail))] if tail else []
-            chunks += [self._chunk(s.ChatDelta(tool_calls=[s.ToolCallDelta(
-                index=i, id=c.id, type="function", function=s.FunctionDelta(name=c.name, arguments=c.arguments))]))
-                for i, c in enumerate(calls)]
-            chunks.append(self._chunk(s.ChatDelta(), finish))
-        else:
-            chunks = [self._chunk(s.ChatDelta(content=result.text[len(self.sent):] or None), finish)]
-        if self.include_usage:
-            chunks.append(self._sse(s.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
-                                                    choices=[], usage=usage)))
+        if not calls:
+            return [self._chunk(s.ChatDelta(content=result.text[len(self.sent):] or None), finish)]
+        # What content is left, then each call whole, in OpenAI's delta shape.
+        tail = content[len(self.sent):] if content and content.startswith(self.sent) else ""
+        chunks = [self._chunk(s.ChatDelta(content=tail))] if tail else []
+        chunks += [self._chunk(s.ChatDelta(tool_calls=[s.ToolCallDelta(
+            index=i, id=c.id, type="function", function=s.FunctionDelta(name=c.name, arguments=c.arguments))]))
+            for i, c in enumerate(calls)]
+        chunks.append(self._chunk(s.ChatDelta(), finish))
         return chunks
 
-    def whole(self, result: Result) -> s.ChatCompletion:
-        logprobs = None if self.n_top is None else self._logprobs(result.tokens, result.logprobs)
+    def choice(self, result: Result) -> s.ChatChoice:
+        logprobs = None if self.envelope.n_top is None else self._logprobs(result.tokens, result.logprobs)
         content, calls, finish = self._reply(result)
         made = [s.ToolCallOut(id=c.id, function=s.FunctionCallOut(name=c.name, arguments=c.arguments))
                 for c in calls] or None
-        choice = s.ChatChoice(message=s.AssistantMessage(content=content, tool_calls=made), finish_reason=finish,
-                              logprobs=logprobs)
-        return s.ChatCompletion(id=self.rid, created=self.created, model=self.model, choices=[choice],
-                                usage=self.usage(result))
+        return s.ChatChoice(index=self.index, message=s.AssistantMessage(content=content, tool_calls=made),
+                            finish_reason=finish, logprobs=logprobs)
+
+    @staticmethod
+    def whole(r: Envelope, choices: list[s.ChatChoice], usage: s.Usage) -> s.ChatCompletion:
+        return s.ChatCompletion(id=r.id, created=r.created, model=r.model, choices=choices, usage=usage)
+
+    @staticmethod
+    def usage_chunk(r: Envelope, usage: s.Usage) -> s.ChatCompletionChunk:
+        return s.ChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[], usage=usage)
 
 
 class CompletionRenderer(_Renderer):
-    def _body(self, text: str, finish: str | None, logprobs=None, usage=None) -> s.Completion:
-        choice = s.CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)
-        return s.Completion(id=self.rid, created=self.created, model=self.model, choices=[choice], usage=usage)
+    def _choice(self, text: str, finish: str | None, logprobs=None) -> s.CompletionChoice:
+        return s.CompletionChoice(index=self.index, text=text, finish_reason=finish, logprobs=logprobs)
+
+    def _sse(self, text: str, finish: str | None, logprobs=None) -> bytes:
+        r = self.envelope
+        return r.sse(s.Completion(id=r.id, created=r.created, model=r.model,
+                                  choices=[self._choice(text, finish, logprobs)]))
 
     def _logprobs(self, ids: list[int], tops: list, offset: int) -> s.CompletionLogprobs:
         lp = s.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
@@ -160,20 +174,72 @@ class CompletionRenderer(_Renderer):
         return []
 
     def token(self, token: Token) -> bytes | None:
-        if not token.text and self.n_top is None:
+        n_top = self.envelope.n_top
+        if not token.text and n_top is None:
             return None
-        logprobs = None if self.n_top is None else self._logprobs([token.id], [token.logprobs], len(self.sent))
+        logprobs = None if n_top is None else self._logprobs([token.id], [token.logprobs], len(self.sent))
         self.sent += token.text
-        return self._sse(self._body(token.text, None, logprobs))
+        return self._sse(token.text, None, logprobs)
 
     def last(self, result: Result) -> list[bytes]:
-        usage = self.usage(result)
-        chunks = [self._sse(self._body(result.text[len(self.sent):], FINISH[result.stop]))]
-        if self.include_usage:
-            chunks.append(self._sse(s.Completion(id=self.rid, created=self.created, model=self.model, choices=[],
-                                           usage=usage)))
+        return [self._sse(result.text[len(self.sent):], FINISH[result.stop])]
+
+    def choice(self, result: Result) -> s.CompletionChoice:
+        logprobs = None if self.envelope.n_top is None else self._logprobs(result.tokens, result.logprobs, 0)
+        return self._choice(result.text, FINISH[result.stop], logprobs)
+
+    @staticmethod
+    def whole(r: Envelope, choices: list[s.CompletionChoice], usage: s.Usage) -> s.Completion:
+        return s.Completion(id=r.id, created=r.created, model=r.model, choices=choices, usage=usage)
+
+    @staticmethod
+    def usage_chunk(r: Envelope, usage: s.Usage) -> s.Completion:
+        return s.Completion(id=r.id, created=r.created, model=r.model, choices=[], usage=usage)
+
+
+class Choices:
+    """A response's n choices, one engine request each (request_ids[i] is choice i): their chunks as
+    they come, and the usage once every choice has finished."""
+
+    def __init__(self, renderer_class, envelope: Envelope, request_ids: list, prompt_n: int):
+        self.envelope, self.prompt_n, self._kind = envelope, prompt_n, renderer_class
+        self._index = {rid: i for i, rid in enumerate(request_ids)}
+        self._renderers = [renderer_class(envelope, i) for i in range(len(request_ids))]
+        self._results: dict[int, Result] = {}
+
+    @property
+    def done(self) -> bool:
+        return len(self._results) == len(self._renderers)
+
+    def first(self) -> list[bytes]:
+        return [chunk for r in self._renderers for chunk in r.first()]
+
+    def token(self, request_id, token: Token) -> bytes | None:
+        return self._renderers[self._index[request_id]].token(token)
+
+    def last(self, result: Result) -> list[bytes]:
+        """A choice's last chunks; after the last choice's, the usage chunk if the stream asked for it."""
+        i = self._index[result.id]
+        self._results[i] = result
+        chunks = self._renderers[i].last(result)
+        if self.done:
+            usage = self.usage()
+            if self.envelope.include_usage:
+                chunks.append(self.envelope.sse(self._kind.usage_chunk(self.envelope, usage)))
         return chunks
 
-    def whole(self, result: Result) -> s.Completion:
-        logprobs = None if self.n_top is None else self._logprobs(result.tokens, result.logprobs, 0)
-        return self._body(result.text, FINISH[result.stop], logprobs, self.usage(result))
+    def add(self, result: Result) -> None:
+        """A choice's result, for a response sent whole."""
+        self._results[self._index[result.id]] = result
+
+    def body(self) -> BaseModel:
+        choices = [self._renderers[i].choice(self._results[i]) for i in range(len(self._renderers))]
+        return self._kind.whole(self.envelope, choices, self.usage())
+
+    def usage(self) -> s.Usage:
+        """The prompt counted once, the completions of every choice; cached tokens are the first
+        choice's (the others start from the blocks it left, which are not the client's doing)."""
+        n = sum(r.timings.predicted_n for r in self._results.values())
+        request_log.note_tokens(self.prompt_n, n)
+        return s.Usage(prompt_tokens=self.prompt_n, completion_tokens=n, total_tokens=self.prompt_n + n,
+                       prompt_tokens_details=s.PromptTokensDetails(cached_tokens=self._results[0].prefix_hit))

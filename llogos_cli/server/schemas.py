@@ -13,6 +13,8 @@ from llogos_cli.engine.sampling import DRAW_SEED
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16
+# Choices per request: each is a row of the batch, so one request may not take a whole server's slots.
+MAX_CHOICES = 16
 
 
 class _Strict(BaseModel):
@@ -127,7 +129,7 @@ class _Generation(_Strict):
     seed: Annotated[int, Field(ge=DRAW_SEED, lt=2 ** 64)] | None = None   # DRAW_SEED: a random one
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     ignore_eos: bool = False
-    n: Literal[1] = 1                         # one choice per request
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1   # choices, each sampled on its own
     user: str | None = None                   # accepted for OpenAI clients that send it; unused
     json_schema: dict[str, Any] | None = None  # llama-server's: constrain the output to this schema
     grammar: str | None = None                # llama-server's: constrain the output to this GBNF grammar

@@ -20,7 +20,9 @@ MODELS = ["tiny-llama-f32", "tiny-llama-q8_0", "tiny-qwen2-q8_0", "tiny-qwen3-f3
           "tiny-qwen35-f32"]
 # The families whose fixtures the repository carries (tests/fixtures, see tests/test_model_families.py).
 FAMILY_MODELS = ["tiny-gemma2-f32", "tiny-gemma2-q8_0", "tiny-phi3-q8_0", "tiny-phi3-longrope-q8_0", "tiny-granite-q8_0",
-                 "tiny-olmo2-q8_0", "tiny-smollm3-q8_0", "tiny-lfm2-q8_0", "tiny-qwen3moe-f32", "tiny-qwen3moe-q8_0"]
+                 "tiny-olmo2-q8_0", "tiny-smollm3-q8_0", "tiny-lfm2-q8_0", "tiny-qwen3moe-f32", "tiny-qwen3moe-q8_0",
+                 "tiny-gpt-oss-f32", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4",
+                 "tiny-qwen2moe-f32", "tiny-qwen2moe-q8_0"]
 REPO_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # Both backends round cache entries identically, but activations an f32 rounding apart can round
 # to neighbouring f16 values: with f16 caches the two agree to about an f16 step.
@@ -114,7 +116,8 @@ def prefilled_caches(gpu, n: int, prompts: list[np.ndarray]) -> list:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-f32", "tiny-qwen3-f32", "tiny-gemma3-q8_0", "tiny-qwen35-f32",
-                                  "tiny-gemma2-q8_0", "tiny-phi3-longrope-q8_0", "tiny-lfm2-q8_0", "tiny-qwen3moe-q8_0"])
+                                  "tiny-gemma2-q8_0", "tiny-phi3-longrope-q8_0", "tiny-lfm2-q8_0", "tiny-qwen3moe-q8_0",
+                                  "tiny-gpt-oss-q8_0", "tiny-qwen2moe-q8_0"])
 def test_decoder_replays_eager_decoding(backend, name):
     """Steps of 3 rows (bucket 4: a padding row), then 2 (bucket 2), replayed at later positions with
     the slots in other orders, equal to the same rows run eagerly."""

@@ -110,6 +110,9 @@ def test_route_and_matmul_experts(backend, qtype):
     want_experts, want_weights = CPU.route(logits, k)
     np.testing.assert_array_equal(host(backend, experts), want_experts)
     assert_close(host(backend, weights), want_weights, rtol=1e-6)
+    plain = host(backend, backend.route(backend.xp.asarray(logits), k, normalize=False)[1])   # Qwen2-MoE
+    assert_close(plain, CPU.route(logits, k, normalize=False)[1], rtol=1e-6)
+    assert np.all(plain.sum(axis=1) < 0.999)
     raw = random_weights(rng, qtype, n_expert * out, cols)
     w, cpu_w = backend.matrix(raw, qtype, matmul=True), CPU.matrix(raw, qtype, matmul=True)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
@@ -118,6 +121,10 @@ def test_route_and_matmul_experts(backend, qtype):
     per_pair = rng.standard_normal((n_tok, k, cols)).astype(np.float32)   # a down product: one input per pair
     got = host(backend, backend.matmul_experts(backend.xp.asarray(per_pair), w, experts, n_expert, weights))
     assert_close(got, CPU.matmul_experts(per_pair, cpu_w, want_experts, n_expert, want_weights), rtol=1e-5)
+    bias = rng.standard_normal(n_expert * out).astype(np.float32)   # gpt-oss: each expert's own bias
+    got = host(backend, backend.matmul_experts(backend.xp.asarray(per_pair), w, experts, n_expert, weights,
+                                               backend.xp.asarray(bias)))
+    assert_close(got, CPU.matmul_experts(per_pair, cpu_w, want_experts, n_expert, want_weights, bias), rtol=1e-5)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.BF16], ids=lambda t: t.name)
@@ -171,6 +178,19 @@ def test_glu(backend, gelu):
     gate, up = (rng.standard_normal((3, 300)).astype(np.float32) * 4 for _ in range(2))
     got = backend.glu(backend.xp.asarray(gate), backend.xp.asarray(up), gelu)
     assert_close(host(backend, got), CPU.glu(gate, up, gelu))
+
+
+def test_scale_rows(backend):
+    rng = np.random.default_rng(17)
+    x, s = rng.standard_normal((5, 300)).astype(np.float32), rng.standard_normal((5, 1)).astype(np.float32)
+    assert_close(host(backend, backend.scale_rows(backend.xp.asarray(x), backend.xp.asarray(s))), CPU.scale_rows(x, s))
+
+
+def test_swiglu_oai(backend):
+    rng = np.random.default_rng(16)
+    gate, up = (rng.standard_normal((3, 300)).astype(np.float32) * 6 for _ in range(2))   # past the limit
+    got = backend.swiglu_oai(backend.xp.asarray(gate), backend.xp.asarray(up), 1.702, 7.0)
+    assert_close(host(backend, got), CPU.swiglu_oai(gate, up, 1.702, 7.0))
 
 
 @pytest.mark.parametrize("op", ["add", "mul"])
@@ -324,6 +344,37 @@ def test_kv_store_and_attention(backend, type_k, type_v, runs, window):
     assert_close(host(backend, got), CPU.attention(q, caches[0], cpu_layout, 0.125, window), rtol=2e-5)
 
 
+@pytest.mark.parametrize("type_k, type_v", [("f32", "f32"), ("f16", "f16"), ("q8_0", "f16")])
+@pytest.mark.parametrize("runs", ATTENTION_BATCHES.values(), ids=ATTENTION_BATCHES)
+@pytest.mark.parametrize("window", [0, 7])
+def test_paged_kv_store_and_attention(backend, type_k, type_v, runs, window):
+    """The same batches through block tables: each slot's 8-position blocks scattered over the pool,
+    slots 0 and 2 sharing their first block (the same keys in both), and the scratch block last."""
+    rng = np.random.default_rng(len(runs) + window)
+    n_slots, n_ctx, n_kv, n_head, dk, dv, block = 5, 64, 2, 6, 64, 32, 8
+    n_blocks = n_slots * n_ctx // block
+    tables = rng.permutation(n_blocks).astype(np.int32).reshape(n_slots, n_ctx // block)
+    tables[2, 0] = tables[0, 0]
+    caches = []
+    for b in (CPU, backend):
+        device_tables = b.block_tables(n_slots, n_ctx // block)
+        for slot in range(n_slots):
+            b.write_block_table(device_tables, slot, tables[slot].tolist())
+        caches.append(b.paged_kv_cache(device_tables, n_blocks + 1, block, n_kv, dk, dv, type_k, type_v))
+    history = [(0, 0, HISTORY[0]), (2, block, HISTORY[2])]   # slot 2's first block: slot 0's keys
+    _store(backend, caches, rng, history, n_kv, dk, dv)
+    cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot] + (block if slot == 2 else 0), n)
+                                                       for slot, n in runs], n_kv, dk, dv)
+    for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
+        stored = host(backend, getattr(caches[1], name))
+        decoded = reference(stored.reshape(-1, stored.shape[-1]), {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}[cache_type])
+        np.testing.assert_array_equal(decoded.reshape(n_blocks + 1, n_kv, block, d),
+                                      getattr(caches[0], name).astype(np.float32))
+    q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
+    got = backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window)
+    assert_close(host(backend, got), CPU.attention(q, caches[0], cpu_layout, 0.125, window), rtol=2e-5)
+
+
 @pytest.mark.parametrize("runs", ATTENTION_BATCHES.values(), ids=ATTENTION_BATCHES)
 def test_attention_soft_caps_scores(backend, runs):
     """Gemma 2's cap, on both of the CUDA paths (fused, GEMM + softmax_lengths); a cap of 1 bounds
@@ -337,6 +388,24 @@ def test_attention_soft_caps_scores(backend, runs):
     want = CPU.attention(q, caches[0], cpu_layout, 0.25, 7, 1.0)
     assert_close(host(backend, backend.attention(backend.xp.asarray(q), caches[1], layout, 0.25, 7, 1.0)), want, rtol=2e-5)
     assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, 7), want) > 1e-2
+
+
+@pytest.mark.parametrize("runs", ATTENTION_BATCHES.values(), ids=ATTENTION_BATCHES)
+def test_attention_sinks(backend, runs):
+    """gpt-oss's sinks, a logit per head in each softmax's denominator, on both CUDA paths (fused,
+    GEMM + softmax_lengths), with and without a window."""
+    rng = np.random.default_rng(14)
+    n_slots, n_ctx, n_kv, n_head, dk, dv = 5, 64, 2, 4, 32, 32
+    caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, "f32", "f32") for b in (CPU, backend)]
+    _store(backend, caches, rng, [(slot, 0, n) for slot, n in HISTORY.items() if n], n_kv, dk, dv)
+    cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
+    q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
+    sinks = np.array([3.0, -1.0, 0.5, 2.0], np.float32)
+    for window in (0, 7):
+        want = CPU.attention(q, caches[0], cpu_layout, 0.25, window, 0.0, sinks)
+        got = backend.attention(backend.xp.asarray(q), caches[1], layout, 0.25, window, 0.0, backend.xp.asarray(sinks))
+        assert_close(host(backend, got), want, rtol=2e-5)
+        assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, window), want) > 1e-2
 
 
 def test_kv_store_rejects_writes_outside_the_cache(backend):
