@@ -1,6 +1,7 @@
 """Shared test fixtures: reference data from ../shared and the installed real models."""
 
 import json
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +95,9 @@ def gemma_path() -> Path:
 def pytest_report_header(config):
     state = "present" if FIXTURES.is_dir() and REFERENCE.is_dir() else "MISSING: tests that need it skip"
     return f"llogos reference data: {SHARED} ({state})"
+
+
+def interruptible() -> None:
+    """Popen's preexec_fn for a child a test interrupts with SIGINT: Ctrl-C's default disposition,
+    which a child otherwise inherits ignored when the suite itself runs as a background job."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import FIXTURES, need
+from tests.conftest import FIXTURES, interruptible, need
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 
 TINY = ["-m", str(FIXTURES / "tiny-llama-f32.gguf"), "--temp", "0", "--ignore-eos"]
@@ -159,7 +159,7 @@ def test_interrupted_run_resumes_with_every_id_once(env, tiny, tmp_path):
                                                for i in range(n)))
     out = tmp_path / "out.jsonl"
     args = ["batch", *tiny, "-n", "48", "-np", "4", "-i", str(tmp_path / "in.jsonl"), "-o", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "llogos_cli", *args], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "llogos_cli", *args], env=env, preexec_fn=interruptible,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while (not out.exists() or out.read_text().count("\n") < 8) and time.monotonic() < deadline:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import test_cli
+from tests.conftest import interruptible
 from tests.test_cli import assert_one_line_error, llogos
 
 env = test_cli.env   # the fixture: a subprocess environment with its own cache folder
@@ -94,7 +95,7 @@ def results(folder: Path) -> dict:
 @contextmanager
 def start(environ: dict, *args) -> Iterator[subprocess.Popen]:
     """A `llogos` run in the background, killed if a test fails while it still runs."""
-    with subprocess.Popen([sys.executable, "-m", "llogos_cli", *args], env=environ,
+    with subprocess.Popen([sys.executable, "-m", "llogos_cli", *args], env=environ, preexec_fn=interruptible,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         try:
             yield proc

@@ -8,6 +8,7 @@ import pexpect
 import pytest
 
 from llogos_cli.paths import PROJECT_ROOT
+from tests.conftest import interruptible
 
 QUESTION = "What is the capital of France? Answer in one word."   # decisive at every token, with any products
 PROMPT = "\r\n> "
@@ -24,7 +25,7 @@ class Terminal:
     def __init__(self, env, *args):
         self.child = pexpect.spawn(sys.executable, ["-m", "llogos_cli", "chat", "-m", "smollm2-135m", "--temp", "0",
                                                     *args], env=env, cwd=str(PROJECT_ROOT),
-                                   encoding="utf-8", timeout=120, dimensions=(24, 200))
+                                   encoding="utf-8", timeout=120, dimensions=(24, 200), preexec_fn=interruptible)
         self.child.expect_exact("Ctrl-D to leave")
         self.child.expect_exact("> ")
 
