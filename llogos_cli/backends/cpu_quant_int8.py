@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from llogos_cli.backends.cpu_jit import kernel, parallel_kernel, prange
+from llogos_cli.backends.cpu_jit import k_scales_mins, kernel, parallel_kernel, prange
 from llogos_cli.backends.cpu_simd import PLAIN
 from llogos_cli.backends.cpu_simd_int8 import K_PACKED, PLAIN_PACKED, k_row_dot8, plain_row_dot8
 
@@ -134,12 +134,7 @@ def _pack_k_rows(raw, code, size, packed, out):
                         if code == _Q5_K:
                             q[64 * g + l] |= ((b[16 + l] >> (2 * g)) & 1) << 4
                             q[64 * g + 32 + l] |= ((b[16 + l] >> (2 * g + 1)) & 1) << 4
-                for j in range(GROUPS):     # six-bit scales and mins, llama.cpp's get_scale_min_k4
-                    if j < 4:
-                        scales[j], scales[8 + j] = b[4 + j] & 63, b[8 + j] & 63
-                    else:
-                        scales[j] = (b[8 + j] & 15) | ((b[j] >> 6) << 4)
-                        scales[8 + j] = (b[8 + j] >> 4) | ((b[4 + j] >> 6) << 4)
+                k_scales_mins(b, 4, scales[:GROUPS], scales[GROUPS:])   # six-bit scales, then mins
                 p[0], p[1], p[2], p[3] = b[0], b[1], b[2], b[3]
                 p[4:20] = scales
                 ql, qh = (52, 20) if code == _Q5_K else (20, 0)
