@@ -2,12 +2,15 @@
 prompt's time, and a first run on a machine says that it is compiling."""
 
 import json
+import subprocess
+import sys
 
 import numba
 import numpy as np
 import pytest
 
-from llogos_cli.backends import cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
+from llogos_cli.backends import (cpu_attention, cpu_glu, cpu_norm, cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8,
+                                 cpu_rope, cpu_rows)
 from llogos_cli.model.forward import Batch
 from llogos_cli.model.loader import load
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
@@ -18,7 +21,7 @@ COMPILING = "compiling CPU kernels"
 def _compiled() -> dict[str, int]:
     """How many specialisations each kernel of the CPU backend holds."""
     kernels = {}
-    for module in (cpu_quant_dot, cpu_quant_dequant, cpu_quant_int8, cpu_rows):
+    for module in (cpu_quant_dot, cpu_quant_dequant, cpu_quant_int8, cpu_rows, cpu_attention, cpu_glu, cpu_norm, cpu_rope):
         for name, f in vars(module).items():
             if isinstance(f, numba.core.registry.CPUDispatcher):
                 kernels[f"{module.__name__}.{name}"] = len(f.signatures)
@@ -50,3 +53,26 @@ def test_a_first_run_says_it_compiles_and_a_second_does_not(env):
     second = llogos(env, *args)
     assert second.returncode == 0 and COMPILING not in second.stderr
     assert json.loads(first.stdout.splitlines()[-1])["done"]
+
+
+_DECODE_STEP = """
+import hashlib, numpy as np
+from llogos_cli.model.loader import load
+model = load("smollm2-135m", "cpu", "quantized", n_ctx=64).model
+ctx = model.new_context(64)
+model.forward_seq(ctx, np.arange(1, 40))
+print(hashlib.sha256(model.forward_seq(ctx, np.array([5])).tobytes()).hexdigest())
+"""
+
+
+def test_a_first_run_computes_what_later_runs_do(env, tmp_path):
+    """The first run on a machine (numba's cache empty) and the next give the same logits bit for
+    bit: numba's fresh code and its cached code for one kernel can round a vectorized sum
+    differently, so the first run's kernels are compiled in a child and loaded from the cache."""
+    fresh = dict(env, LLOGOS_CACHE=str(tmp_path / "cache"))
+    fresh.pop("NUMBA_CACHE_DIR", None)   # this process's, set as cpu_jit loaded
+    runs = [subprocess.run([sys.executable, "-c", _DECODE_STEP], env=fresh, capture_output=True, text=True,
+                           timeout=600) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout
+    assert list((tmp_path / "cache").glob("numba/*/compiled-*"))

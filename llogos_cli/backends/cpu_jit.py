@@ -11,6 +11,7 @@ what makes the quantized path cost numba's import time: the float32 path never i
 import functools
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,17 @@ _folder = optional_cache_dir("numba", _sources_digest())
 if _folder is not None:   # else numba falls back to __pycache__ or its own per-user folder
     os.environ.setdefault("NUMBA_CACHE_DIR", str(_folder))
 
+
+
+def cache_folder() -> Path | None:
+    """The folder numba caches these kernels in, if it is llogos' own."""
+    return _folder if _folder is not None and os.environ.get("NUMBA_CACHE_DIR") == str(_folder) else None
+
+
 import numba  # noqa: E402  (after NUMBA_CACHE_DIR is set)
 from numba.np.ufunc import parallel as _parallel  # noqa: E402
+
+from llogos_cli.backends.cpu_simd import float_from_bits  # noqa: E402
 
 # fastmath lets LLVM split float sums across SIMD lanes; the integer dot products are exact anyway.
 kernel = numba.njit(cache=True, fastmath=True, nogil=True)
@@ -42,20 +52,30 @@ prange = numba.prange
 SHARES = 8   # chunks of rows a product hands each thread (share_out)
 
 
-def share_out(chunks: int) -> int:
+def share_out(chunks: int) -> None:
     """Make the next prange over `chunks` hand them out as threads come free, about SHARES per
-    thread; returns the chunk size to restore afterwards. On a shared machine a thread that loses
-    its core for a time slice then holds up one share, not its whole part of the rows; each hand-out
-    costs ~0.2 µs (one per 16 rows took a 1536-row product on one thread from 84 to 101 µs). Through
-    the threading layer's own functions once its threads run: numba's public getter and setters
-    check and start them on every call, ~4 µs of a 6 µs product. (Inside a kernel, they would keep
-    numba from caching it.)"""
-    set_chunks, thread_count = _threading_layer()
-    return set_chunks(max(1, chunks // (SHARES * thread_count())))
+    thread. On a shared machine a thread that loses its core for a time slice then holds up one
+    share, not its whole part of the rows; each hand-out costs ~0.2 µs (one per 16 rows took a
+    1536-row product on one thread from 84 to 101 µs). The setting (numba's, per calling thread)
+    is made only when it changes: through the threading layer's own functions once its threads run,
+    since numba's public getter and setters check and start them on every call, ~4 µs of a 6 µs
+    product. (Inside a kernel, they would keep numba from caching it.) Every prange's caller in
+    these modules calls this or split_evenly first."""
+    _set_chunk_size(max(1, chunks // (SHARES * _threading_layer()[1]())))
 
 
-def restore_chunks(before: int) -> None:
-    _threading_layer()[0](before)
+def split_evenly() -> None:
+    """Make the next prange give each thread an equal part at once (numba's default)."""
+    _set_chunk_size(0)
+
+
+def _set_chunk_size(size: int) -> None:
+    if getattr(_chunk_size, "now", None) != size:
+        _threading_layer()[0](size)
+        _chunk_size.now = size
+
+
+_chunk_size = threading.local()   # the size share_out last set, by calling thread
 
 
 @functools.cache
@@ -64,6 +84,7 @@ def _threading_layer():
     started its threads."""
     numba.get_num_threads()
     return _parallel._set_parallel_chunksize, _parallel._get_num_threads
+
 
 # float16 bit pattern -> float32, for the per-block scales (a global array is frozen into the code).
 F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -85,3 +106,22 @@ def k_scales_mins(row: np.ndarray, s: int, sc: np.ndarray, mn: np.ndarray) -> No
     for j in range(4, 8):
         sc[j] = (row[s + j + 4] & 15) | ((row[s + j - 4] >> 6) << 4)
         mn[j] = (row[s + j + 4] >> 4) | ((row[s + j] >> 6) << 4)
+
+
+@helper
+def exp32(x):
+    """e^x in float32 from operations that vectorize (LLVM has no vector expf to call): x clamped to
+    [-87, 88], where e^x is a normal float, written 2^n e^r with |r| <= ln2 / 2, e^r by its Taylor
+    series to r^6 (error below 2^-23 relative), 2^n put straight into the exponent bits. Below -87
+    it gives 2^-126 rather than 0 or a subnormal; above 88, e^88 rather than inf."""
+    x = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = x - n * np.float32(0.693145751953125) - n * np.float32(1.4286068203094172e-06)   # ln 2 in two parts
+    p = np.float32(1 / 720)
+    p = p * r + np.float32(1 / 120)
+    p = p * r + np.float32(1 / 24)
+    p = p * r + np.float32(1 / 6)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1)
+    p = p * r + np.float32(1)
+    return p * float_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))

@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llogos_cli.backends import CPU_DOT_TYPES, cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
-from llogos_cli.backends.cpu_jit import restore_chunks, share_out
+from llogos_cli.backends.cpu_jit import share_out
 from llogos_cli.backends.cpu_simd_int8 import ISA_ARG, host_isa
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
@@ -66,17 +66,25 @@ def _read_only(raw: np.ndarray) -> np.ndarray:
 
 
 def _quantize8(x: np.ndarray, k_type: bool) -> tuple:
-    """x's activations as the integer products of a K type or of a plain type take them (cpu_quant_int8)."""
-    n_tok, cols = x.shape
+    """x's activations as the integer products of a K type or of a plain type take them."""
+    return _quantize8_into(x, k_type, _quantize8_arrays(x.shape[0], x.shape[1], k_type))
+
+
+def _quantize8_arrays(n_tok: int, cols: int, k_type: bool) -> tuple:
+    """Arrays for the activations of n_tok tokens of cols features in either form (cpu_quant_int8's
+    quantize_k_blocks, quantize_blocks)."""
     if k_type:
-        parts = (np.empty((n_tok, cols), np.int8), np.empty((n_tok, cols // cpu_quant_int8.K_BLOCK), np.float32),
-                 np.empty((n_tok, cols // cpu_quant_int8.K_SUM), np.int32))
-        cpu_quant_int8.quantize_k_blocks(x, *parts)
-    else:
-        pairs = -(-cols // (2 * cpu_quant_int8.BLOCK))
-        parts = (np.empty((n_tok, 64 * pairs), np.int8), np.empty((n_tok, 8 * pairs), np.float32),
-                 np.empty((n_tok, 8 * pairs), np.float32))
-        cpu_quant_int8.quantize_blocks(x, *parts)
+        return (np.empty((n_tok, cols), np.int8), np.empty((n_tok, cols // cpu_quant_int8.K_BLOCK), np.float32),
+                np.empty((n_tok, cols // cpu_quant_int8.K_SUM), np.int32))
+    pairs = -(-cols // (2 * cpu_quant_int8.BLOCK))
+    return (np.empty((n_tok, 64 * pairs), np.int8), np.empty((n_tok, 8 * pairs), np.float32),
+            np.empty((n_tok, 8 * pairs), np.float32))
+
+
+def _quantize8_into(x: np.ndarray, k_type: bool, arrays: tuple) -> tuple:
+    """x quantized into the first x.shape[0] rows of arrays from _quantize8_arrays; -> those rows."""
+    parts = tuple([a[:x.shape[0]] for a in arrays])
+    (cpu_quant_int8.quantize_k_blocks if k_type else cpu_quant_int8.quantize_blocks)(x, *parts)
     return parts
 
 
@@ -107,6 +115,8 @@ class QuantMatmul:
         self._quantized_of: np.ndarray | None = None
         self._quantized = None
         self._routes: dict[tuple, _Route] = {}   # by the identities of their matrices
+        self._buffers: dict[tuple, tuple] = {}   # the quantized activations' arrays, by form and row length
+        self._isa_arg = ISA_ARG.get(self.isa)
 
     def warm_up(self, qtypes: set) -> None:
         """Call each kernel that products of matrices of these types take once, as products call
@@ -114,10 +124,15 @@ class QuantMatmul:
         from numba's cache is done here, and only theirs."""
         plain = _read_only(np.zeros((1, 34), np.uint8))
         if self.isa in ISA_ARG:
+            # one matrix and several, each kernel of its own
             if qtypes & cpu_quant_int8.PLAIN_TYPES:
-                self.many(np.zeros((1, 32), np.float32), [(self.pack(plain, T.Q8_0), T.Q8_0)])
+                rows = self.pack(plain, T.Q8_0)
+                self.many(np.zeros((1, 32), np.float32), [(rows, T.Q8_0)])
+                self.many(np.zeros((1, 32), np.float32), [(rows, T.Q8_0), (rows, T.Q8_0)])
             if qtypes & cpu_quant_int8.K_TYPES:
-                self.many(np.zeros((1, 256), np.float32), [(self.pack(np.zeros((1, 144), np.uint8), T.Q4_K), T.Q4_K)])
+                rows = self.pack(_read_only(np.zeros((1, 144), np.uint8)), T.Q4_K)
+                self.many(np.zeros((1, 256), np.float32), [(rows, T.Q4_K)])
+                self.many(np.zeros((1, 256), np.float32), [(rows, T.Q4_K), (rows, T.Q4_K)])
         elif qtypes & CPU_DOT_TYPES:
             self._matvec(np.zeros((1, 32), np.float32), plain, T.Q8_0)
         if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.TYPES:   # types the integer products do not take
@@ -198,30 +213,36 @@ class QuantMatmul:
         out = np.empty((x.shape[0], raw.shape[0]), np.float32)
         xs = x.reshape(x.shape[0], -1, 32).sum(axis=2) if qtype in cpu_quant_dot.SUMS_TYPES else _NO_SUMS
         xq, dx = quantize_rows(x) if qtype in cpu_quant_dot.INT16_TYPES else _NO_INT16
-        before = share_out(-(-raw.shape[0] // cpu_quant_dot.CHUNK))
-        try:
-            cpu_quant_dot.matvec(raw, int(qtype), x, xs, xq, dx, out)
-        finally:
-            restore_chunks(before)
+        share_out(-(-raw.shape[0] // cpu_quant_dot.CHUNK))
+        cpu_quant_dot.matvec(raw, int(qtype), x, xs, xq, dx, out)
         return out
 
     def _matvec8(self, x: np.ndarray, plan: tuple, k_type: bool) -> list[np.ndarray]:
         if x is not self._quantized_of:
             self._quantized = {}
             self._quantized_of = x   # held, so that no other array can take its identity meanwhile
-        if k_type not in self._quantized:
-            self._quantized[k_type] = _quantize8(x, k_type)
+        quantized = self._quantized.get(k_type) or self._quantize8(x, k_type)
         raws, codes, firsts, n = plan
+        share_out(int(firsts[-1]))
+        if n == 1:
+            out = np.empty((x.shape[0], raws[0].shape[0]), np.float32)
+            (cpu_quant_int8.matvec8_k_one if k_type else cpu_quant_int8.matvec8_one)(
+                raws[0], codes[0], *quantized, out, self._isa_arg)
+            return [out]
         outs = tuple([np.empty((x.shape[0], raw.shape[0]), np.float32) for raw in raws[:n]]) + _PADDING[n]
-        before = share_out(int(firsts[-1]))
-        try:
-            if k_type:
-                cpu_quant_int8.matvec8_k(raws, codes, firsts, *self._quantized[k_type], outs, ISA_ARG[self.isa])
-            else:
-                cpu_quant_int8.matvec8(raws, codes, firsts, *self._quantized[k_type], outs, ISA_ARG[self.isa])
-        finally:
-            restore_chunks(before)
-        return list(outs[:n]) if n < len(outs) else list(outs)
+        (cpu_quant_int8.matvec8_k if k_type else cpu_quant_int8.matvec8)(
+            raws, codes, firsts, *quantized, outs, self._isa_arg)
+        return list(outs[:n])
+
+    def _quantize8(self, x: np.ndarray, k_type: bool) -> tuple:
+        """x's activations in the form asked, into arrays kept by form and row length, as many rows
+        as the most tokens yet (the next x overwrites them: they serve the current x only)."""
+        key = (k_type, x.shape[1])
+        arrays = self._buffers.get(key)
+        if arrays is None or arrays[0].shape[0] < x.shape[0]:
+            arrays = self._buffers[key] = _quantize8_arrays(max(x.shape[0], MATVEC_MAX_TOKENS), x.shape[1], k_type)
+        parts = self._quantized[k_type] = _quantize8_into(x, k_type, arrays)
+        return parts
 
     @staticmethod
     def _plan(matrices: list[tuple[np.ndarray, T]]) -> tuple:

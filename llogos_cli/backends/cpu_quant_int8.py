@@ -293,3 +293,17 @@ def _matrix_of(firsts, chunk):
     while firsts[i + 1] <= chunk:
         i += 1
     return i
+
+
+@parallel_kernel
+def matvec8_one(raw, code, xq, dx, sx, out, isa):
+    """matvec8 for a single matrix, without the tuples (whose padding costs each call ~2 µs to pass)."""
+    for c in prange(-(-raw.shape[0] // CHUNK)):
+        _plain_rows(raw, code, c * CHUNK, min(raw.shape[0], c * CHUNK + CHUNK), xq, dx, sx, out, isa)
+
+
+@parallel_kernel
+def matvec8_k_one(raw, code, xq, dx, xs, out, isa):
+    """matvec8_k for a single matrix."""
+    for c in prange(-(-raw.shape[0] // CHUNK)):
+        _k_rows(raw, code, c * CHUNK, min(raw.shape[0], c * CHUNK + CHUNK), xq, dx, xs, out, isa)

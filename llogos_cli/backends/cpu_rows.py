@@ -12,7 +12,7 @@ docs/PERF.md ("Products of a few rows").
 import llvmlite.binding as llvm
 import numpy as np
 
-from llogos_cli.backends.cpu_jit import parallel_kernel, prange
+from llogos_cli.backends.cpu_jit import parallel_kernel, prange, split_evenly
 from llogos_cli.backends.cpu_simd import ROW_LANES, f32_rows_tile
 
 MAX_ROWS = 4 * ROW_LANES
@@ -70,6 +70,7 @@ def matmul_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> 
         return out
     assert w.dtype == out.dtype == np.float32 and w.strides[1] == out.strides[1] == 4, (w.strides, out.strides)
     xt = np.empty((k_len, -(-n_tok // ROW_LANES) * ROW_LANES), np.float32)
+    split_evenly()
     _product(np.ascontiguousarray(x, np.float32), w, xt, out)
     return out
 

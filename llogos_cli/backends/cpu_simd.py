@@ -95,6 +95,14 @@ def f16_at(context, builder, row_t, row, offset):
 
 
 @intrinsic
+def float_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the int32 `bits` (exp32 sets an exponent this way)."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], F32)
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
 def q4_k_row_dot(typingctx, row, x, scales):
     """Σ over the Q4_K blocks of row of Σ_j scales[8b + j] · Σ_l q_jl · x[256b + 32j + l]: float32
     x, scales[8b + j] = d · (six-bit scale j) of block b; the mins are left to the caller. Block

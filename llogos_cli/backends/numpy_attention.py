@@ -19,6 +19,9 @@ from llogos_cli.errors import LlogosError
 
 # Attention scores are computed for this many query rows at a time, bounding their memory.
 _QUERY_CHUNK = 256
+_NO_SINKS = np.empty(0, np.float32)
+_ONE_ROW = np.zeros(1, np.intp)
+_ONE_ROW.flags.writeable = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,8 @@ class Layout:
 
 def batch_layout(slots: np.ndarray, pos: np.ndarray) -> Layout:
     slots, pos = np.asarray(slots, np.int32), np.asarray(pos, np.int32)
+    if len(slots) == 1:   # one sequence's decode step
+        return Layout(slots, pos, _ONE_ROW, ())
     starts = np.flatnonzero(np.diff(slots)) + 1
     t0s, t1s = np.concatenate([[0], starts]), np.concatenate([starts, [len(slots)]])
     if len(np.unique(slots[t0s])) != len(t0s) or np.any(np.diff(pos)[np.diff(slots) == 0] != 1):
@@ -102,6 +107,8 @@ def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
 
 class AttentionOps:
     """Mixed into NumpyBackend."""
+    compiled_attention = None   # cpu_attention.attend_rows and store_rows where the backend has numba loaded
+    compiled_store = None
 
     def batch_layout(self, slots: np.ndarray, pos: np.ndarray) -> Layout:
         return batch_layout(slots, pos)
@@ -126,6 +133,10 @@ class AttentionOps:
 
     def kv_store(self, cache: KVCache, k: np.ndarray, v: np.ndarray, layout: Layout) -> None:
         first, at = cache.where(layout.slots, layout.pos)
+        if self.compiled_attention is not None and cache.type_k == "f32" == cache.type_v:
+            self.compiled_store(np.ascontiguousarray(k, np.float32), np.ascontiguousarray(v, np.float32),
+                                first, at, cache.k, cache.v)
+            return
         cache.k[first, :, at] = _cache_round(k, cache.type_k)   # (T, n_kv, dk)
         cache.v[first, :, at] = _cache_round(v, cache.type_v)   # (T, n_kv, dv)
 
@@ -135,7 +146,17 @@ class AttentionOps:
         With softcap, scores s (scaled) become softcap * tanh(s / softcap) before the softmax; sinks
         (H,) are a logit per head that joins each softmax's denominator (gpt-oss)."""
         out = np.empty((q.shape[0], q.shape[1], cache.v.shape[3]), np.float32)
-        if len(layout.rows):
+        if len(layout.rows) and self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
+            rows = layout.rows
+            slots, pos = layout.slots[rows], layout.pos[rows]
+            blocks = slots.reshape(-1, 1) if cache.tables is None else cache.tables[slots]
+            part = out if len(rows) == len(out) else np.empty((len(rows),) + out.shape[1:], np.float32)
+            self.compiled_attention(np.ascontiguousarray(q[rows] if len(rows) < len(q) else q, np.float32),
+                                    cache.k, cache.v, blocks, pos, scale, window, softcap,
+                                    _NO_SINKS if sinks is None else sinks, part)
+            if part is not out:
+                out[rows] = part
+        elif len(layout.rows):
             out[layout.rows] = _rows(q[layout.rows], cache, layout.slots[layout.rows], layout.pos[layout.rows],
                                      scale, window, softcap, sinks)
         for slot, t0, t1 in layout.runs:

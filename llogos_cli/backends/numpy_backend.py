@@ -62,17 +62,23 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         self.threads = threads or CpuThreads()
         self._rope_key = None
         self._rope_turn = None
+        self._rope_cos_sin = None
         self._rows = None
         self._product_types: set = set()   # the block types of the matrices held quantized, for warm_up
         if batched:
             from llogos_cli.backends import cpu_rows
             self._rows = cpu_rows
-        self._norm = None
         if weights == "quantized":   # imported here: numba's import and kernels cost the f32 path nothing
-            from llogos_cli.backends import cpu_norm
             from llogos_cli.backends.cpu_quant import QuantMatmul
             self.quant_matmul = QuantMatmul()
-            self._norm = cpu_norm
+        # With numba loaded anyway, the small steps around the products are compiled loops too:
+        # a decode step makes hundreds of them, where NumPy's calls cost more than their arithmetic.
+        self._jit = batched or weights == "quantized"
+        if self._jit:
+            from llogos_cli.backends import cpu_glu, cpu_norm, cpu_quant_dequant, cpu_rope
+            from llogos_cli.backends.cpu_attention import attend_rows, store_rows
+            self._norm, self._rope, self._glu, self._dequant = cpu_norm, cpu_rope, cpu_glu, cpu_quant_dequant
+            self.compiled_attention, self.compiled_store = attend_rows, store_rows
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -106,14 +112,27 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         from llogos_cli.backends.cpu_quant import ISA_NAMES
         return ISA_NAMES[self.quant_matmul.isa]
 
-    def warm_up(self) -> None:
+    def warm_up(self, product_types: set | None = None, here: bool = False) -> None:
         """Compile the kernels this backend will call (numba caches them: on a machine's first run
-        this takes seconds, later runs only load them), so no prompt's time includes it."""
+        this takes seconds, later runs only load them), so no prompt's time includes it. Unless
+        `here`, a child process compiles them first (cpu_compile), and this one loads them."""
+        types = self._product_types if product_types is None else product_types
+        if (self._rows is not None or self._jit) and not here:
+            from llogos_cli.backends.cpu_compile import compile_in_child
+            compile_in_child(self.weights, self._rows is not None, types)
         if self._rows is not None:
             self._rows.warm_up()
         if self.weights == "quantized":
-            self.quant_matmul.warm_up(self._product_types)
-            self.rmsnorm(np.ones((1, 4), np.float32), np.ones(4, np.float32), 1e-6)
+            self.quant_matmul.warm_up(types)
+        if self._jit:
+            x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)
+            self.rmsnorm(x[0], x[0, 0], 1e-6)
+            self.glu(x[0], x[0], False)
+            self.rope(x, one, 4, 10000.0, 1.0, False)
+            cache, layout = self.kv_cache(1, 1, 1, 4, 4, "f32", "f32"), self.batch_layout(one, one)
+            self.kv_store(cache, x, x, layout)
+            self.attention(x, cache, layout, 1.0, 0)
+            self.embed(Matrix(np.zeros((1, 34), np.uint8), GGMLQuantizationType.Q8_0, None, False), one)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -134,6 +153,10 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
     def embed(self, table: Matrix, ids: np.ndarray) -> np.ndarray:
         if table.dense is not None:
             return table.dense[ids]
+        if self._jit and table.qtype in self._dequant.TYPES:
+            out = np.empty((len(ids), quants.row_elements(table.raw, table.qtype)), np.float32)
+            self._dequant.dequantize_rows(table.raw[ids], int(table.qtype), out)
+            return out
         return quants.dequantize(table.raw[ids], table.qtype)
 
     def matmul(self, x: np.ndarray, w: Matrix) -> np.ndarray:
@@ -173,7 +196,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             return x / (np.float32(1) + np.exp(-x))
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-        if self._norm is not None and w.shape == x.shape[-1:]:
+        if self._jit and w.shape == x.shape[-1:]:
             rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
             out = np.empty_like(rows)
             self._norm.rmsnorm_rows(rows, w, eps, out)
@@ -191,6 +214,10 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         by pos * freq_scale * base^(-2i/dims) / factors[i] (factors: Llama 3's rope_freqs, Phi-3's
         long-context factors) and is scaled by attn_factor."""
         turn = self._rope_table(pos, dims, base, freq_scale, factors, attn_factor)   # (T, 1, dims/2) complex64
+        if self._jit:
+            out = np.empty(x.shape, np.float32)
+            self._rope.rope_rows(np.ascontiguousarray(x, np.float32), *self._rope_cos_sin, neox, out)
+            return out
         out = x.copy()
         if neox:   # pairs (i, i + dims/2), gathered into complex numbers and turned
             half = dims // 2
@@ -212,9 +239,15 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             angle = pos.astype(np.float64)[:, None] * inv_freq[None, :]
             self._rope_key = key
             self._rope_turn = (attn_factor * np.exp(1j * angle)).astype(np.complex64)[:, None, :]
+            self._rope_cos_sin = (np.ascontiguousarray(self._rope_turn.real[:, 0]),
+                                  np.ascontiguousarray(self._rope_turn.imag[:, 0]))
         return self._rope_turn
 
     def glu(self, gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
+        if self._jit and gate.ndim == 2:
+            out = np.empty(gate.shape, np.float32)
+            self._glu.glu_rows(np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32), gelu, out)
+            return out
         if gelu:  # tanh approximation, as Gemma and llama.cpp use: ½ g (1 + tanh(√(2/π) g (1 + 0.044715 g²)))
             g = gate * gate   # in place from here: gate ** 3 alone took NumPy ~120 µs for 2048 floats
             g *= np.float32(0.044715)
