@@ -14,7 +14,7 @@ REAL = {
     "person": {"type": "object", "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": 40},
         "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "email": {"type": "string", "format": "email"}},
+        "email": {"type": "string", "format": "email", "maxLength": 64}},   # bounded: -n 120 closes the object
         "required": ["name", "age"], "additionalProperties": False},
     "sentiment": {"type": "object", "properties": {
         "label": {"enum": ["positive", "negative", "neutral"]},
