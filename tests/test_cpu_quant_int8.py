@@ -1,5 +1,5 @@
-"""Products with 8-bit activations (cpu_quant_int8): both quantizations of the activations (two
-bytes per 32 for the plain types, llama.cpp's Q8_K for the K types), and every block type's product
+"""Products with 8-bit activations (cpu_quant_int8): both quantizations of the activations (llama.cpp's
+Q8_0 for the plain types, its Q8_K for the K types), and every block type's product
 on each instruction set this CPU has (AVX2 forced on a VNNI machine too), against float64: equal to
 the weights times the quantized activations up to float32 rounding, and within the quantization's
 bound of the float64 product of the unquantized ones."""
@@ -25,31 +25,14 @@ ISAS = [isa for isa in ISA_ARG if host_isa() == "vnni" or (host_isa() == "avx2" 
 K_BLOCK = cpu_quant_int8.K_BLOCK
 
 
-def _pair_positions(cols: int) -> np.ndarray:
-    """Where element e of a row's activations lies in the plain types' pair layout: block k = 2p + h
-    puts elements 0-15 at 64p + 16h, 16-31 at 64p + 32 + 16h."""
-    e = np.arange(cols)
-    k, j = e // BLOCK, e % BLOCK
-    return 64 * (k // 2) + 16 * (k % 2) + 32 * (j // 16) + j % 16
-
-
 def _dequantized(xq, dx, cols: int) -> np.ndarray:
-    """What each byte of the plain types' activations stands for, in float64, in element order."""
-    k = np.arange(cols) // BLOCK
-    return xq[:, _pair_positions(cols)] * dx[:, 8 * (k // 2) + 4 * (k % 2)].astype(np.float64)
-
-
-def _k_natural(xq) -> np.ndarray:
-    """The Q8_K activations back in element order: element 32i + 4m + b of a block is stored at
-    32m + 4i + b (the lane order of the packed K rows)."""
-    e = np.arange(K_BLOCK)
-    blocks = xq.reshape(xq.shape[0], -1, K_BLOCK)
-    return blocks[:, :, 32 * (e % 32 // 4) + 4 * (e // 32) + e % 4].reshape(xq.shape)
+    """What each byte of the plain types' activations stands for, in float64."""
+    return xq * np.repeat(dx.astype(np.float64), BLOCK, axis=1)
 
 
 def _k_dequantized(xq, dx) -> np.ndarray:
-    """What each byte of the Q8_K activations stands for, in float64, in element order."""
-    return (_k_natural(xq).reshape(xq.shape[0], -1, K_BLOCK) * dx[:, :, None].astype(np.float64)).reshape(xq.shape[0], -1)
+    """What each byte of the Q8_K activations stands for, in float64."""
+    return xq * np.repeat(dx.astype(np.float64), K_BLOCK, axis=1)
 
 
 def _product(isa: str, x, raw, qtype):
@@ -58,24 +41,22 @@ def _product(isa: str, x, raw, qtype):
     return qm(x, qm.pack(raw, qtype), qtype)
 
 
-def test_plain_activations_are_llama_cpp_q8_0_in_pair_order():
+def test_plain_activations_are_llama_cpp_q8_0():
     rng = np.random.default_rng(3)
-    cols = 9 * BLOCK                           # an odd block count: the last pair's second block empty
+    cols = 9 * BLOCK
     x = rng.standard_normal((3, cols)).astype(np.float32) * np.float32(4)
     x[1, :BLOCK] = 0                           # an all-zero block
     x[2, 5] = 3000                             # an outlier, as Gemma's activations have
     x[0, BLOCK:2 * BLOCK] = np.float32(1e-30)  # tiny values keep their scale
-    xq, dx, sx = cpu_quant._quantize8(x, k_type=False)
-    assert xq.shape == (3, 5 * 64) and dx.shape == sx.shape == (3, 5 * 8)
-    assert (dx[1, :4] == 0).all() and (xq[1, _pair_positions(cols)[:BLOCK]] == 0).all() and (sx[1, :4] == 0).all()
-    assert (xq[:, 4 * 64 + 16:4 * 64 + 32] == 0).all() and (dx[:, -4:] == 0).all() and (sx[:, -4:] == 0).all()
+    xq, dx, xsum = cpu_quant._quantize8(x, k_type=False)
+    assert xq.shape == (3, cols) and dx.shape == xsum.shape == (3, 9) and xsum.dtype == np.int32
+    assert dx[1, 0] == 0 and (xq[1, :BLOCK] == 0).all() and xsum[1, 0] == 0
     block_dx = np.abs(x).reshape(3, -1, BLOCK).max(axis=2) / 127
-    np.testing.assert_allclose(dx[:, :36].reshape(3, 9, 4)[:, :, 0], block_dx, rtol=1e-6)
+    np.testing.assert_allclose(dx, block_dx, rtol=1e-6)
     step = np.repeat(block_dx.astype(np.float64), BLOCK, axis=1)
     assert (np.abs(_dequantized(xq, dx, cols) - x) <= step / 2 * 1.0001).all()
-    assert np.abs(xq).max() == 127 and xq[2, _pair_positions(cols)[5]] == 127
-    lanes = xq[:, _pair_positions(cols)].reshape(3, 9, 2, 4, 4).sum(axis=(2, 4))   # (T, block, lane): 4 of A, 4 of B
-    np.testing.assert_allclose(sx[:, :36].reshape(3, 9, 4), lanes * dx[:, :36].reshape(3, 9, 4), rtol=1e-6)
+    assert np.abs(xq).max() == 127 and xq[2, 5] == 127
+    assert (xsum == xq.reshape(3, 9, BLOCK).sum(axis=2)).all()
 
 
 def test_k_activations_are_llama_cpp_q8_k():
@@ -90,10 +71,8 @@ def test_k_activations_are_llama_cpp_q8_k():
     np.testing.assert_allclose(dx, np.abs(x).reshape(3, 3, K_BLOCK).max(axis=2) / 127, rtol=1e-6)
     step = np.repeat(dx.astype(np.float64), K_BLOCK, axis=1)
     assert (np.abs(_k_dequantized(xq, dx) - x) <= step / 2 * 1.0001).all()
-    natural = _k_natural(xq)
-    assert np.abs(xq).max() == 127 and natural[2, 300] == -127
-    sums = natural.reshape(3, -1, 8, 2, cpu_quant_int8.K_SUM).sum(axis=4)   # (T, block, group, half)
-    assert (xs.reshape(3, -1, 2, 8) == sums.transpose(0, 1, 3, 2)).all()
+    assert np.abs(xq).max() == 127 and xq[2, 300] == -127
+    assert (xs == xq.reshape(3, -1, cpu_quant_int8.K_SUM).sum(axis=2)).all()
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -101,7 +80,8 @@ def test_k_activations_are_llama_cpp_q8_k():
 @pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
 def test_products_are_the_quantized_activations_times_the_weights(qtype, n_tok, isa):
     rng = np.random.default_rng(int(qtype) * 10 + n_tok)
-    rows, cols = 37, 3 * GGML_QUANT_SIZES[qtype][0] * (3 if GGML_QUANT_SIZES[qtype][0] == BLOCK else 1)   # odd block counts
+    # odd block counts; rows past two whole tiles of the plain types' (cpu_simd_int8.TILE)
+    rows, cols = 37, 3 * GGML_QUANT_SIZES[qtype][0] * (3 if GGML_QUANT_SIZES[qtype][0] == BLOCK else 1)
     raw = random_rows(qtype, rows, cols, rng)
     raw.flags.writeable = False                        # as memory-mapped weights are
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
@@ -188,3 +168,23 @@ def test_products_sharing_an_input_are_each_alone(isa):
         for (raw, qtype), out in zip(matrices, together):
             assert out.shape == (n_tok, raw.shape[0])
             assert np.array_equal(out, _product(isa, x, raw, qtype))
+
+
+@pytest.mark.parametrize("out", [8, 16])
+def test_expert_rows_cut_anywhere_in_the_tiles(out):
+    """A stacked experts matrix whose experts begin inside a tile of the plain types' tiled rows
+    (8 rows an expert: every other one does) multiplies as the float64 product of its own rows."""
+    from llogos_cli.backends.numpy_backend import NumpyBackend
+    rng = np.random.default_rng(out)
+    n_expert, cols = 4, 64
+    raw = random_rows(T.Q8_0, n_expert * out, cols, rng)
+    raw.flags.writeable = False
+    backend = NumpyBackend("quantized")
+    w = backend.matrix(raw, T.Q8_0, matmul=True)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    experts = np.array([[1, 2], [3, 0], [2, 1]])
+    y = backend.matmul_experts(x, w, experts, n_expert)
+    dense = gguf_quants.dequantize(raw, T.Q8_0).astype(np.float64).reshape(n_expert, out, cols)
+    for t in range(3):
+        for j, e in enumerate(experts[t]):
+            np.testing.assert_allclose(y[t, j], dense[e] @ x[t], rtol=0, atol=0.02 * np.abs(dense[e]).sum(axis=1).max())

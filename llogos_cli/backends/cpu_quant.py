@@ -76,9 +76,8 @@ def _quantize8_arrays(n_tok: int, cols: int, k_type: bool) -> tuple:
     if k_type:
         return (np.empty((n_tok, cols), np.int8), np.empty((n_tok, cols // cpu_quant_int8.K_BLOCK), np.float32),
                 np.empty((n_tok, cols // cpu_quant_int8.K_SUM), np.int32))
-    pairs = -(-cols // (2 * cpu_quant_int8.BLOCK))
-    return (np.empty((n_tok, 64 * pairs), np.int8), np.empty((n_tok, 8 * pairs), np.float32),
-            np.empty((n_tok, 8 * pairs), np.float32))
+    blocks = cols // cpu_quant_int8.BLOCK
+    return (np.empty((n_tok, cols), np.int8), np.empty((n_tok, blocks), np.float32), np.empty((n_tok, blocks), np.int32))
 
 
 def _quantize8_into(x: np.ndarray, k_type: bool, arrays: tuple) -> tuple:
@@ -146,7 +145,7 @@ class QuantMatmul:
         if not self._packs(qtype):
             return raw
         out = cpu_quant_int8.new_packed_rows(raw, qtype)
-        step = max(1, PACK_BYTES // raw.shape[1])
+        step = max(1, PACK_BYTES // raw.shape[1] // cpu_quant_int8.TILE) * cpu_quant_int8.TILE   # whole tiles
         for r0 in range(0, raw.shape[0], step):   # a part at a time, each part's pages given back once read
             cpu_quant_int8.pack_rows(_read_only(raw[r0:r0 + step]), qtype, out[r0:r0 + step])
             drop_pages(raw[r0:r0 + step])
@@ -157,14 +156,18 @@ class QuantMatmul:
         return self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES
 
     def _features(self, rows: np.ndarray, qtype: T) -> tuple[int, ...]:
-        """The feature counts of the x a matrix from `pack` multiplies (a packed plain row holds
-        whole pairs of blocks, so either of the last two block counts)."""
-        if not self._packs(qtype):
-            return (quants.row_elements(rows, qtype),)
-        if qtype in cpu_quant_int8.K_TYPES:
-            return (rows.shape[1] // cpu_quant_int8.K_PACKED[qtype.name.lower()][0] * cpu_quant_int8.K_BLOCK,)
-        pair = 2 * cpu_quant_int8.BLOCK * (rows.shape[1] // cpu_quant_int8.PLAIN_PACKED[qtype.name.lower()][0])
-        return (pair - cpu_quant_int8.BLOCK, pair)
+        """The feature count of the x a matrix from `pack` multiplies."""
+        if self._packs(qtype) and qtype in cpu_quant_int8.K_TYPES:   # Q4_K's, Q5_K's scales a byte each
+            per_row = cpu_quant_int8.K_TILED[qtype.name.lower()][0] // cpu_quant_int8.TILE
+            return (rows.shape[1] // per_row * cpu_quant_int8.K_BLOCK,)
+        return (quants.row_elements(rows, qtype),)
+
+    def row_range(self, rows: np.ndarray, qtype: T, first: int, n: int) -> np.ndarray | None:
+        """Rows first..first+n-1 of a matrix from `pack` (an expert's part of a stacked matrix), as a
+        matrix products take; None where the packing cannot be cut there (tiled rows, cut off a tile)."""
+        if self._packs(qtype) and first % cpu_quant_int8.TILE:
+            return None
+        return rows[first:first + n]
 
     def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
         return self.many(x, [(raw, qtype)])[0]

@@ -3,205 +3,197 @@ quantized matrix, in integer SIMD (cpu_simd_int8).
 
 Each product quantizes its activations once, in one of two forms, both one byte an element:
 - for the plain 32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), llama.cpp's Q8_0 / Q8_1: blocks
-  of 32 with dx = max|x| / 127 and xq = round(x / dx), within dx / 2 of x, and sx = dx · the sums
-  of xq (per int32 lane: see quantize_blocks);
+  of 32 with dx = max|x| / 127 and xq = round(x / dx), within dx / 2 of x, and xsum = Σ xq, in
+  element order (quantize_blocks);
 - for the K types (Q4_K, Q5_K, Q6_K), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
   each 16. One scale per 256 lets a block's eight sub-block products add up in integers, each times
   its integer scale, before one conversion to float.
-The matrices' rows are repacked at load (packed_rows) so that each int32 lane of a vector gathers
-one block's quants (plain types, two blocks a vector) or one 32-weight group's (K types); the
-activations are quantized in the same lane order. Every row is then multiplied with them in integer
-instructions, and the result is the product of the weights with the quantized activations up to
-float32 rounding; tests/test_cpu_quant_int8.py holds it to that, and to llama.cpp's bound against
-the float64 product of the unquantized ones (normalized mean squared error below 5e-4, as its
-test-backend-ops takes for these types).
+The matrices' rows are repacked at load (packed_rows): the plain types' tiled, TILE rows side by
+side, so that a vector holds four quants of every row of a tile; the K types' so that each int32
+lane of a vector gathers one 32-weight group's quants, the activations quantized in the same lane
+order. Every row is then multiplied with them in integer instructions, and the result is the
+product of the weights with the quantized activations up to float32 rounding;
+tests/test_cpu_quant_int8.py holds it to that, and to llama.cpp's bound against the float64
+product of the unquantized ones (normalized mean squared error below 5e-4, as its test-backend-ops
+takes for these types).
 """
-
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from llogos_cli.backends.cpu_jit import k_scales_mins, kernel, parallel_kernel, prange
+from llogos_cli.backends.cpu_jit import kernel, parallel_kernel, prange
 from llogos_cli.backends.cpu_simd import PLAIN
-from llogos_cli.backends.cpu_simd_int8 import K_PACKED, PLAIN_PACKED, k_row_dot8, plain_row_dot8
+from llogos_cli.backends.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_dot8, tile_dot8
 
 BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
 K_SUM = 16         # elements of each of a K block's sums
-GROUP = 32         # a K block's weights that share a scale (Q6_K's two sub-blocks of 16), one int32 lane
-GROUPS = K_BLOCK // GROUP
 PLAIN_TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1})
 K_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 TYPES = PLAIN_TYPES | K_TYPES
 TOKENS = 4   # tokens a row is multiplied with at once, its blocks decoded once for them
 MATRICES = 4   # products one call runs together (sharing an input), padded to this many
-_q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (plain_row_dot8(n, 1) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
-_q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (plain_row_dot8(n, TOKENS) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
-_q4_k, _q5_k, _q6_k = (k_row_dot8(n, 1) for n in ("q4_k", "q5_k", "q6_k"))
-_q4_k4, _q5_k4, _q6_k4 = (k_row_dot8(n, TOKENS) for n in ("q4_k", "q5_k", "q6_k"))
+_q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (tile_dot8(n, 1) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
+_q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (tile_dot8(n, TOKENS) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
+_q4_k, _q5_k, _q6_k = (k_tile_dot8(n, 1) for n in ("q4_k", "q5_k", "q6_k"))
+_q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q4_k", "q5_k", "q6_k"))
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
 _Q4_K, _Q5_K, _Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
-CHUNK = 16   # rows a thread takes at a time
+CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
 
 
 @kernel
-def quantize_blocks(x, xq, dx, sx):
-    """x (T, cols) float32 -> xq (T, 64 · pairs) int8, dx and sx (T, 8 · pairs) float32, pairs =
-    ceil(cols / 64): each block of 32 as llama.cpp's Q8_0 (d = max|x| / 127, q = round(x / d)), laid
-    out as the packed plain rows read them (cpu_simd_int8.PLAIN_PACKED): per pair of blocks, A
-    (elements 0-15 of the first block, then of the second) and B (16-31); per int32 lane its block's
-    d and d · the sum of its eight quants (four in A, four in B). Past an odd block count, zeros."""
+def quantize_blocks(x, xq, dx, xsum):
+    """x (T, cols) float32 -> llama.cpp's Q8_0 blocks of 32 in element order: xq (T, cols) int8 =
+    round(x / d), and per block dx (T, cols / 32) = d = max|x| / 127 and xsum (T, cols / 32) int32 = Σ xq."""
     for t in range(x.shape[0]):
-        xt, qt, dt, st = x[t], xq[t], dx[t], sx[t]
-        qt[:] = 0
-        dt[:] = 0
-        st[:] = 0
         for k in range(x.shape[1] // BLOCK):
-            block = xt[BLOCK * k:BLOCK * k + BLOCK]
+            block = x[t, BLOCK * k:BLOCK * k + BLOCK]
             amax = np.float32(0)
             for l in range(BLOCK):
                 amax = max(amax, abs(block[l]))
             d = amax / np.float32(127)
             inv = np.float32(1) / d if d > 0 else np.float32(0)
-            a = 64 * (k // 2) + 16 * (k % 2)   # this block's A; its B is 32 further on
-            lane = 8 * (k // 2) + 4 * (k % 2)
-            for i in range(4):
-                total = 0
-                for h in range(2):
-                    for b in range(4):   # |x · inv| <= 127 up to rounding: rint stays in int8
-                        v = np.int8(np.rint(block[16 * h + 4 * i + b] * inv))
-                        qt[a + 32 * h + 4 * i + b] = v
-                        total += v
-                dt[lane + i] = d
-                st[lane + i] = d * np.float32(total)
+            total = 0
+            for l in range(BLOCK):   # |x · inv| <= 127 up to rounding: rint stays in int8
+                v = np.int8(np.rint(block[l] * inv))
+                xq[t, BLOCK * k + l] = v
+                total += v
+            dx[t, k] = d
+            xsum[t, k] = total
 
 
 @kernel
 def quantize_k_blocks(x, xq, dx, xs):
-    """x (T, cols) float32 -> xq (T, cols) int8, dx (T, cols / 256) float32 and xs (T, cols / 16)
-    int32: llama.cpp's Q8_K (see the module), each block's bytes in the packed K rows' lane order
-    (cpu_simd_int8.K_PACKED: element 32i + 4m + b of the block at byte 32m + 4i + b) and its sums
-    over the first 16 of each group i at 16k + i, over the second at 16k + 8 + i."""
+    """x (T, cols) float32 -> llama.cpp's Q8_K in element order: xq (T, cols) int8, per block of 256
+    dx (T, cols / 256) = max|x| / 127, and xs (T, cols / 16) int32, the sums of xq over each 16."""
     for t in range(x.shape[0]):
-        xt, qt, st = x[t], xq[t], xs[t]
         for k in range(x.shape[1] // K_BLOCK):
-            block, q = xt[K_BLOCK * k:K_BLOCK * k + K_BLOCK], qt[K_BLOCK * k:K_BLOCK * k + K_BLOCK]
+            block = x[t, K_BLOCK * k:K_BLOCK * k + K_BLOCK]
             amax = np.float32(0)
             for l in range(K_BLOCK):
                 amax = max(amax, abs(block[l]))
             d = amax / np.float32(127)
             inv = np.float32(1) / d if d > 0 else np.float32(0)
-            for i in range(GROUPS):
-                for half in range(2):
-                    total = 0
-                    for l in range(16 * half, 16 * half + 16):   # |x · inv| <= 127 up to rounding: rint stays in int8
-                        v = np.int8(np.rint(block[GROUP * i + l] * inv))
-                        q[GROUP * (l // 4) + 4 * i + l % 4] = v
-                        total += v
-                    st[(K_BLOCK // K_SUM) * k + GROUPS * half + i] = total
+            for s in range(K_BLOCK // K_SUM):
+                total = 0
+                for l in range(K_SUM * s, K_SUM * s + K_SUM):   # |x · inv| <= 127 up to rounding: rint stays in int8
+                    v = np.int8(np.rint(block[l] * inv))
+                    xq[t, K_BLOCK * k + l] = v
+                    total += v
+                xs[t, (K_BLOCK // K_SUM) * k + s] = total
             dx[t, k] = d
 
 
-@kernel
-def _pack_k_rows(raw, code, size, packed, out):
-    """raw (rows, blocks · size bytes) in GGUF's Q4_K, Q5_K or Q6_K layout -> out (rows, blocks ·
-    packed bytes) as cpu_simd_int8.K_PACKED lays them out."""
-    q = np.empty(K_BLOCK, np.uint8)
-    scales = np.empty(16, np.uint8)
-    for r in range(raw.shape[0]):
-        src, dst = raw[r], out[r]
-        for k in range(src.shape[0] // size):
-            b, p = src[k * size:(k + 1) * size], dst[k * packed:(k + 1) * packed]
-            if code == _Q6_K:
-                for h in range(2):          # GGUF: per half, ql 64 bytes, qh 32, four quarters of 32
-                    for l in range(32):
-                        a, c, hi = b[64 * h + l], b[64 * h + 32 + l], b[128 + 32 * h + l]
-                        q[128 * h + l] = (a & 15) | ((hi & 3) << 4)
-                        q[128 * h + 32 + l] = (c & 15) | (((hi >> 2) & 3) << 4)
-                        q[128 * h + 64 + l] = (a >> 4) | (((hi >> 4) & 3) << 4)
-                        q[128 * h + 96 + l] = (c >> 4) | (((hi >> 6) & 3) << 4)
-                p[0], p[1] = b[208], b[209]
-                for i in range(GROUPS):     # the even 16-weight sub-blocks' scales, then the odd
-                    p[2 + i], p[10 + i] = b[192 + 2 * i], b[193 + 2 * i]
-                ql, qh = 18, 146
-            else:
-                qs = 48 if code == _Q5_K else 16
-                for g in range(4):          # GGUF: 32 bytes per two groups, low nibbles the first
-                    for l in range(32):
-                        v = b[qs + 32 * g + l]
-                        q[64 * g + l], q[64 * g + 32 + l] = v & 15, v >> 4
-                        if code == _Q5_K:
-                            q[64 * g + l] |= ((b[16 + l] >> (2 * g)) & 1) << 4
-                            q[64 * g + 32 + l] |= ((b[16 + l] >> (2 * g + 1)) & 1) << 4
-                k_scales_mins(b, 4, scales[:GROUPS], scales[GROUPS:])   # six-bit scales, then mins
-                p[0], p[1], p[2], p[3] = b[0], b[1], b[2], b[3]
-                p[4:20] = scales
-                ql, qh = (52, 20) if code == _Q5_K else (20, 0)
-            for n in range(4):              # quant 32i + 4m + b at byte b of lane i of vector m
-                for i in range(GROUPS):
-                    for bb in range(4):
-                        e = GROUP * i + 4 * n + bb
-                        p[ql + 32 * n + 4 * i + bb] = (q[e] & 15) | ((q[e + 16] & 15) << 4)
-            for i in range(GROUPS):         # the bits above the nibbles, as K_PACKED says
-                for bb in range(4):
-                    if code == _Q5_K:
-                        bits = 0
-                        for m in range(8):
-                            bits |= (q[GROUP * i + 4 * m + bb] >> 4) << m
-                        p[qh + 4 * i + bb] = bits
-                    elif code == _Q6_K:
-                        for h in range(2):
-                            bits = 0
-                            for kk in range(4):
-                                bits |= (q[GROUP * i + 4 * (4 * h + kk) + bb] >> 4) << (2 * kk)
-                            p[qh + 32 * h + 4 * i + bb] = bits
+def _tiles_of(raw: np.ndarray, size: int, out: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """raw's blocks of `size` bytes as (tiles, blocks, TILE rows, size), the rows past raw's zeros,
+    and out's memory from its first byte as (tiles, blocks, tile bytes)."""
+    rows, n_blocks = raw.shape[0], raw.shape[1] // size
+    n = -(-rows // TILE)
+    padded = np.zeros((n * TILE, raw.shape[1]), np.uint8)
+    padded[:rows] = raw
+    blocks = padded.reshape(n, TILE, n_blocks, size).transpose(0, 2, 1, 3)
+    return blocks, np.lib.stride_tricks.as_strided(out, (n, n_blocks, tile), (tile * n_blocks, tile, 1))
 
 
-def _pack_plain_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
-    """A plain type's rows in GGUF's layout -> out (rows, pairs · bytes, zeros) as PLAIN_PACKED lays them out."""
-    size, _, _, qh_at, qs_at, _ = PLAIN[name]
-    packed, d_at, m_at, masks_at, quants_at, _ = PLAIN_PACKED[name]
-    # (source byte in the block, destination in the pair for the first block, for the second)
-    moves = [(d_at + i, d_at + i, d_at + 2 + i) for i in range(2)]
+def _as_vectors(quants: np.ndarray) -> np.ndarray:
+    """(.., TILE rows, 4m bytes) -> (.., TILE · 4m): vector n of 64 bytes holding each row's bytes 4n..4n+3."""
+    *lead, rows, per = quants.shape
+    return quants.reshape(*lead, rows, per // 4, 4).swapaxes(-3, -2).reshape(*lead, rows * per)
+
+
+def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight six-bit scales and mins of Q4_K/Q5_K blocks from their 12-byte fields (.., 12)."""
+    sc, mn = np.empty(s.shape[:-1] + (8,), np.uint8), np.empty(s.shape[:-1] + (8,), np.uint8)
+    sc[..., :4], mn[..., :4] = s[..., 0:4] & 63, s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
+    """A K type's rows in GGUF's layout -> their tiles (K_TILED) in out's memory, as _tile_rows."""
+    size = GGML_QUANT_SIZES[T[name.upper()]][1]
+    tile, d_at, dmin_at, scales_at, mins_at, quants_at, high_at = K_TILED[name]
+    blocks, dest = _tiles_of(raw, size, out, tile)
+    lead = blocks.shape[:2]
+    if name == "q6_k":   # GGUF: ql 128 bytes, qh 64, 16 scales (i8), d
+        ql, qh = blocks[..., 0:128].astype(np.uint8), blocks[..., 128:192]
+        q = np.empty(blocks.shape[:3] + (256,), np.uint8)
+        for h in range(2):
+            a, c, hi = ql[..., 64 * h:64 * h + 32], ql[..., 64 * h + 32:64 * h + 64], qh[..., 32 * h:32 * h + 32]
+            q[..., 128 * h:128 * h + 32] = (a & 15) | ((hi & 3) << 4)
+            q[..., 128 * h + 32:128 * h + 64] = (c & 15) | (((hi >> 2) & 3) << 4)
+            q[..., 128 * h + 64:128 * h + 96] = (a >> 4) | (((hi >> 4) & 3) << 4)
+            q[..., 128 * h + 96:128 * h + 128] = (c >> 4) | (((hi >> 6) & 3) << 4)
+        dest[..., d_at:d_at + 2 * TILE] = blocks[..., 208:210].reshape(*lead, 2 * TILE)
+        dest[..., scales_at:scales_at + 16 * TILE] = blocks[..., 192:208].swapaxes(-1, -2).reshape(*lead, 16 * TILE)
+        groups = q.reshape(*q.shape[:-1], 4, 2, 32)                        # (.., row, pair g, group 2g + k, quant)
+        nibbles = (groups[..., 0, :] & 15) | ((groups[..., 1, :] & 15) << 4)   # (.., row, g, 32)
+        high = groups >> 4
+        highs = (high[..., 0, :16] | (high[..., 1, :16] << 2) | (high[..., 0, 16:] << 4) | (high[..., 1, 16:] << 6))
+        dest[..., quants_at:quants_at + 2048] = _k_vectors(nibbles, lead)
+        dest[..., high_at:high_at + 1024] = _k_vectors(highs, lead)
+        return
+    dest[..., d_at:d_at + 2 * TILE] = blocks[..., 0:2].reshape(*lead, 2 * TILE)
+    dest[..., dmin_at:dmin_at + 2 * TILE] = blocks[..., 2:4].reshape(*lead, 2 * TILE)
+    sc, mn = _k_scales_mins(blocks[..., 4:16])
+    dest[..., scales_at:scales_at + 8 * TILE] = sc.swapaxes(-1, -2).reshape(*lead, 8 * TILE)
+    dest[..., mins_at:mins_at + 8 * TILE] = mn.swapaxes(-1, -2).reshape(*lead, 8 * TILE)
+    qs = blocks[..., 48:176] if name == "q5_k" else blocks[..., 16:144]   # byte 32g + l: quant l of groups 2g, 2g + 1
+    dest[..., quants_at:quants_at + 2048] = _k_vectors(qs.reshape(*qs.shape[:-1], 4, 32), lead)
+    if name == "q5_k":   # bit j of qh byte l: the fifth bit of quant l of group j
+        fifth = (blocks[..., 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1    # (.., row, l, j)
+        dest[..., high_at:high_at + 512] = _k_masks(fifth.swapaxes(-1, -2), lead)
+
+
+def _k_vectors(per_group: np.ndarray, lead) -> np.ndarray:
+    """(.., TILE rows, G, 4m bytes) -> (.., G · TILE · 4m): for each G, its vectors (_as_vectors)."""
+    return _as_vectors(per_group.swapaxes(-3, -2)).reshape(*lead, -1)
+
+
+def _k_masks(bits: np.ndarray, lead) -> np.ndarray:
+    """(.., TILE rows, 8 groups, 32 quants) of 0/1 -> (.., 8 groups · 8 words · 8) bytes: mask 8j + n's
+    bit 4i + b is row i's fifth bit of quant 4n + b of group j."""
+    arranged = bits.reshape(*lead, TILE, 8, 8, 4).transpose(0, 1, 3, 4, 2, 5)   # (.., j, n, row, b)
+    return np.packbits(arranged.reshape(*lead, 64, 64), axis=-1, bitorder="little").reshape(*lead, 512)
+
+
+def _tile_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
+    """A plain type's rows (rows, bytes) in GGUF's layout, rows a whole number of tiles but for the
+    last, -> their tiles (TILED) in out's memory from its first byte on, the last tile's rows past
+    raw's zeros (out: the packed array's rows from the same row on, whose memory runs on to the
+    end of a whole tile)."""
+    size, d_at, m_at, qh_at, qs_at, _ = PLAIN[name]
+    tile, td, tm, masks_at, quants_at, _ = TILED[name]
+    blocks, dest = _tiles_of(raw, size, out, tile)                 # (tiles, blocks, row, byte), (tiles, blocks, tile)
+    lead = blocks.shape[:2]
+    dest[..., td:td + 2 * TILE] = blocks[..., d_at:d_at + 2].reshape(*lead, 2 * TILE)
     if m_at is not None:
-        moves += [(2 + i, m_at + i, m_at + 2 + i) for i in range(2)]
-    if masks_at is not None:   # fifth bits 0-15 of both blocks into A's mask, 16-31 into B's
-        moves += [(qh_at + 2 * half + i, masks_at + 4 * half + i, masks_at + 4 * half + 2 + i) for half in range(2) for i in range(2)]
-    if size - qs_at == BLOCK:   # one byte a quant (Q8_0): elements 0-15 of both blocks to A, 16-31 to B
-        moves += [(qs_at + 16 * half + l, quants_at + 32 * half + l, quants_at + 32 * half + 16 + l) for half in range(2) for l in range(16)]
-    else:                       # nibbles: each block's 16 bytes as they are
-        moves += [(qs_at + l, quants_at + l, quants_at + 16 + l) for l in range(16)]
-    _move_bytes(raw, size, packed, np.array(moves, np.int64), out)
-
-
-@kernel
-def _move_bytes(raw, size, packed, moves, out):
-    """For every block k of every row: byte moves[i, 0] of the block to byte moves[i, 1 + k % 2] of
-    pair k // 2 of out's row."""
-    for r in range(raw.shape[0]):
-        for k in range(raw.shape[1] // size):
-            src, dst, h = k * size, (k // 2) * packed, 1 + k % 2
-            for i in range(moves.shape[0]):
-                out[r, dst + moves[i, h]] = raw[r, src + moves[i, 0]]
+        dest[..., tm:tm + 2 * TILE] = blocks[..., m_at:m_at + 2].reshape(*lead, 2 * TILE)
+    per = 32 if name == "q8_0" else 16   # quant bytes a row
+    dest[..., quants_at:quants_at + TILE * per] = _as_vectors(blocks[..., qs_at:qs_at + per])
+    if qh_at is not None:   # mask 2n + h, bit 4i + b: the fifth bit of row i's quant 16h + 4n + b
+        bits = np.unpackbits(blocks[..., qh_at:qh_at + 4], axis=-1, bitorder="little")       # (.., row, 32)
+        bits = bits.reshape(*lead, TILE, 2, 4, 4).transpose(0, 1, 4, 3, 2, 5)               # (.., n, h, row, b)
+        dest[..., masks_at:masks_at + 64] = np.packbits(bits.reshape(*lead, 8, 64), axis=-1,
+                                                        bitorder="little").reshape(*lead, 64)
 
 
 def new_packed_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
-    """The array pack_rows fills for a matrix's rows (rows, bytes): the K types' blocks one for one,
-    the plain types' two blocks at a time (the second of an odd count's last pair all zeros)."""
-    name, size = qtype.name.lower(), GGML_QUANT_SIZES[qtype][1]
-    n_blocks = raw.shape[1] // size
-    if qtype in K_TYPES:
-        return np.zeros((raw.shape[0], n_blocks * K_PACKED[name][0]), np.uint8)
-    return np.zeros((raw.shape[0], -(-n_blocks // 2) * PLAIN_PACKED[name][0]), np.uint8)
+    """The array pack_rows fills for a matrix's rows (rows, bytes a row): their tiles, the memory
+    under the array running on to the end of the last whole tile (zeros), which the products read."""
+    name = qtype.name.lower()
+    n_blocks = raw.shape[1] // GGML_QUANT_SIZES[qtype][1]
+    tile = (K_TILED if qtype in K_TYPES else TILED)[name][0]
+    return np.zeros((-(-raw.shape[0] // TILE) * TILE, n_blocks * tile // TILE), np.uint8)[:raw.shape[0]]
 
 
 def pack_rows(raw: np.ndarray, qtype: T, out: np.ndarray) -> None:
-    """A matrix's rows (rows, bytes) repacked into out as the integer products read them."""
-    if qtype in K_TYPES:
-        _pack_k_rows(raw, int(qtype), GGML_QUANT_SIZES[qtype][1], K_PACKED[qtype.name.lower()][0], out)
-    else:
-        _pack_plain_rows(raw, qtype.name.lower(), out)
+    """A matrix's rows (rows, bytes) tiled into out as the integer products read them; raw's first
+    row is the first of a tile, and so is out's."""
+    (_tile_k_rows if qtype in K_TYPES else _tile_rows)(raw, qtype.name.lower(), out)
 
 
 def packed_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
@@ -213,78 +205,88 @@ def packed_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
 
 
 @kernel
-def _k_rows(raw, code, r0, r1, xq, dx, xs, out, isa):
-    n_tok = xq.shape[0]
-    for t in range(0, n_tok - n_tok % TOKENS, TOKENS):
-        for r in range(r0, r1):
+def _k_tiles(rows, code, c0, c1, xq, dx, xs, out, isa):
+    """Tiles c0..c1-1 of a K type's tiled rows times every token, into out (T, rows)."""
+    n_tok, n_rows = xq.shape[0], out.shape[1]
+    sums = np.empty(TILE * TOKENS, np.float32)
+    for c in range(c0, c1):
+        r0 = TILE * c
+        n = min(TILE, n_rows - r0)
+        for t in range(0, n_tok - n_tok % TOKENS, TOKENS):
             if code == _Q4_K:
-                sums = _q4_k4(raw[r], xq, dx, xs, t, isa)
+                _q4_k4(rows, c, xq, dx, xs, t, isa, sums)
             elif code == _Q6_K:
-                sums = _q6_k4(raw[r], xq, dx, xs, t, isa)
+                _q6_k4(rows, c, xq, dx, xs, t, isa, sums)
             else:
-                sums = _q5_k4(raw[r], xq, dx, xs, t, isa)
-            for i in range(TOKENS):
-                out[t + i, r] = sums[i]
-    for t in range(n_tok - n_tok % TOKENS, n_tok):
-        for r in range(r0, r1):
+                _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
+            for k in range(TOKENS):
+                for i in range(n):
+                    out[t + k, r0 + i] = sums[TILE * k + i]
+        for t in range(n_tok - n_tok % TOKENS, n_tok):
             if code == _Q4_K:
-                out[t, r] = _q4_k(raw[r], xq, dx, xs, t, isa)[0]
+                _q4_k(rows, c, xq, dx, xs, t, isa, sums)
             elif code == _Q6_K:
-                out[t, r] = _q6_k(raw[r], xq, dx, xs, t, isa)[0]
+                _q6_k(rows, c, xq, dx, xs, t, isa, sums)
             else:
-                out[t, r] = _q5_k(raw[r], xq, dx, xs, t, isa)[0]
+                _q5_k(rows, c, xq, dx, xs, t, isa, sums)
+            for i in range(n):
+                out[t, r0 + i] = sums[i]
 
 
 @kernel
-def _plain_rows(raw, code, r0, r1, xq, dx, sx, out, isa):
-    n_tok = xq.shape[0]
-    for t in range(0, n_tok - n_tok % TOKENS, TOKENS):
-        for r in range(r0, r1):
+def _plain_tiles(rows, code, c0, c1, xq, dx, xsum, out, isa):
+    """Tiles c0..c1-1 of a plain type's tiled rows times every token, into out (T, rows)."""
+    n_tok, n_rows = xq.shape[0], out.shape[1]
+    sums = np.empty(TILE * TOKENS, np.float32)
+    for c in range(c0, c1):
+        r0 = TILE * c
+        n = min(TILE, n_rows - r0)
+        for t in range(0, n_tok - n_tok % TOKENS, TOKENS):
             if code == _Q4_1:
-                sums = _q4_14(raw[r], xq, dx, sx, t, isa)
+                _q4_14(rows, c, xq, dx, xsum, t, isa, sums)
             elif code == _Q8_0:
-                sums = _q8_04(raw[r], xq, dx, sx, t, isa)
+                _q8_04(rows, c, xq, dx, xsum, t, isa, sums)
             elif code == _Q4_0:
-                sums = _q4_04(raw[r], xq, dx, sx, t, isa)
+                _q4_04(rows, c, xq, dx, xsum, t, isa, sums)
             elif code == _Q5_0:
-                sums = _q5_04(raw[r], xq, dx, sx, t, isa)
+                _q5_04(rows, c, xq, dx, xsum, t, isa, sums)
             else:
-                sums = _q5_14(raw[r], xq, dx, sx, t, isa)
-            for i in range(TOKENS):
-                out[t + i, r] = sums[i]
-    for t in range(n_tok - n_tok % TOKENS, n_tok):
-        for r in range(r0, r1):
+                _q5_14(rows, c, xq, dx, xsum, t, isa, sums)
+            for k in range(TOKENS):
+                for i in range(n):
+                    out[t + k, r0 + i] = sums[TILE * k + i]
+        for t in range(n_tok - n_tok % TOKENS, n_tok):
             if code == _Q4_1:
-                out[t, r] = _q4_1(raw[r], xq, dx, sx, t, isa)[0]
+                _q4_1(rows, c, xq, dx, xsum, t, isa, sums)
             elif code == _Q8_0:
-                out[t, r] = _q8_0(raw[r], xq, dx, sx, t, isa)[0]
+                _q8_0(rows, c, xq, dx, xsum, t, isa, sums)
             elif code == _Q4_0:
-                out[t, r] = _q4_0(raw[r], xq, dx, sx, t, isa)[0]
+                _q4_0(rows, c, xq, dx, xsum, t, isa, sums)
             elif code == _Q5_0:
-                out[t, r] = _q5_0(raw[r], xq, dx, sx, t, isa)[0]
+                _q5_0(rows, c, xq, dx, xsum, t, isa, sums)
             else:
-                out[t, r] = _q5_1(raw[r], xq, dx, sx, t, isa)[0]
+                _q5_1(rows, c, xq, dx, xsum, t, isa, sums)
+            for i in range(n):
+                out[t, r0 + i] = sums[i]
 
 
 @parallel_kernel
-def matvec8(raws, codes, firsts, xq, dx, sx, outs, isa):
-    """outs[i] (T, rows) = the Q8_0 activations (xq, dx, sx) · packed rows of raws[i] (plain types), for
-    every matrix in one parallel region (q, k and v, or gate and up, share their input): chunks of
-    CHUNK rows, firsts[i] the first of raws[i]'s, firsts[-1] their number. The tuples always hold
-    MATRICES arrays (padding of no rows), so that one specialisation serves every call."""
+def matvec8(raws, codes, firsts, xq, dx, xsum, outs, isa):
+    """outs[i] (T, rows) = the Q8_0 activations (xq, dx, xsum) · tiled rows of raws[i] (plain types),
+    for every matrix in one parallel region (q, k and v, or gate and up, share their input): a tile
+    (CHUNK rows) at a time, firsts[i] the first of raws[i]'s, firsts[-1] their number. The tuples
+    always hold MATRICES arrays (padding of no rows), so that one specialisation serves every call."""
     for c in prange(firsts[-1]):
         i = _matrix_of(firsts, c)
-        r0 = (c - firsts[i]) * CHUNK
-        _plain_rows(raws[i], codes[i], r0, min(raws[i].shape[0], r0 + CHUNK), xq, dx, sx, outs[i], isa)
+        _plain_tiles(raws[i], codes[i], c - firsts[i], c - firsts[i] + 1, xq, dx, xsum, outs[i], isa)
 
 
 @parallel_kernel
 def matvec8_k(raws, codes, firsts, xq, dx, xs, outs, isa):
-    """matvec8 for the K types' packed rows, with the Q8_K activations (xq, dx, xs)."""
+    """matvec8 for the K types' tiled rows, with the Q8_K activations (xq, dx, xs)."""
     for c in prange(firsts[-1]):
         i = _matrix_of(firsts, c)
-        r0 = (c - firsts[i]) * CHUNK
-        _k_rows(raws[i], codes[i], r0, min(raws[i].shape[0], r0 + CHUNK), xq, dx, xs, outs[i], isa)
+        _k_tiles(raws[i], codes[i], c - firsts[i], c - firsts[i] + 1, xq, dx, xs, outs[i], isa)
 
 
 @kernel
@@ -296,14 +298,14 @@ def _matrix_of(firsts, chunk):
 
 
 @parallel_kernel
-def matvec8_one(raw, code, xq, dx, sx, out, isa):
+def matvec8_one(raw, code, xq, dx, xsum, out, isa):
     """matvec8 for a single matrix, without the tuples (whose padding costs each call ~2 µs to pass)."""
-    for c in prange(-(-raw.shape[0] // CHUNK)):
-        _plain_rows(raw, code, c * CHUNK, min(raw.shape[0], c * CHUNK + CHUNK), xq, dx, sx, out, isa)
+    for c in prange(-(-raw.shape[0] // TILE)):
+        _plain_tiles(raw, code, c, c + 1, xq, dx, xsum, out, isa)
 
 
 @parallel_kernel
 def matvec8_k_one(raw, code, xq, dx, xs, out, isa):
     """matvec8_k for a single matrix."""
     for c in prange(-(-raw.shape[0] // CHUNK)):
-        _k_rows(raw, code, c * CHUNK, min(raw.shape[0], c * CHUNK + CHUNK), xq, dx, xs, out, isa)
+        _k_tiles(raw, code, c, c + 1, xq, dx, xs, out, isa)

@@ -1,28 +1,27 @@
 """Block rows times 8-bit activations in integer SIMD, as llama.cpp multiplies them (LLVM vector IR
 through numba intrinsics, like cpu_simd).
 
-The activations come in blocks of 32: int8 quants xq, a scale dx (x ≈ dx · xq) and sx = dx · Σ xq
-(cpu_quant_int8.quantize_blocks). Every plain type stores a block as d, maybe m, and 32 unsigned
-quants u with weight = d · (u - bias) + m, so
+The plain types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) store a block as d, maybe m, and 32 quants u with
+weight = d · (u - bias) + m; their activations come as llama.cpp's Q8_0 blocks of 32 (int8 xq, a
+scale dx, x ≈ dx · xq, and xsum = Σ xq), so
 
-    Σ_l w_l · x_l ≈ d · dx · Σ_l u_l · xq_l + (m - bias · d) · sx,
+    Σ_l w_l · x_l ≈ d · dx · Σ_l u_l · xq_l + (m - bias · d) · dx · xsum.
 
-and the integer sum Σ u_l · xq_l of unsigned bytes by signed bytes is one instruction per 32:
-- VNNI (AVX-512 VNNI with VL): `vpdpbusd` on 256-bit vectors, four byte products summed into each
-  of 8 int32 lanes; nothing saturates, so Q8_0 takes its quants as u = q + 128 (bias 128);
-- AVX2: `vpmaddubsw` (byte pairs summed into int16, saturating) then `vpmaddwd` by ones (into
-  int32). 4- and 5-bit quants stay far from the int16 limit (2 · 31 · 127); Q8_0 could reach it,
-  so there the bytes become |q| times xq with q's sign (`vpsignb`), bias 0.
-The 8 int32 lanes are converted and multiplied by d · dx into a float vector summed once per row.
-(Each xq byte is in fact two, xhi and xlo, see cpu_quant_int8: the instructions run twice.)
+Their rows are tiled at load, TILE rows side by side (TILED, as llama.cpp's AMX back end repacks
+them), so that one instruction multiplies every row of a tile by four activations broadcast to all
+of them, and the rows' scales convert as one vector; no sum is folded across lanes:
+- VNNI (AVX-512 VNNI): `vpdpbusd` on 512-bit vectors, four byte products summed into each row's
+  int32 lane; nothing saturates, so Q8_0 takes its quants as u = q + 128 and 128 · xsum comes off;
+- AVX2: two 256-bit halves, `vpmaddubsw` (byte pairs summed into int16, saturating) then
+  `vpmaddwd` by ones (into int32). 4- and 5-bit quants stay far from the int16 limit (2 · 31 · 127);
+  Q8_0 could reach it, so there the bytes become |q| times xq with q's sign (`vpsignb`).
+Both give the exact integer sums, and the float steps after them are the same.
 
-The K types (k_row_dot8) take one scale per 256 activations (llama.cpp's Q8_K), so a block's
-sub-blocks add up in integers. Their rows are repacked at load (K_PACKED) so that each int32 lane
-of a 256-bit vector gathers one 32-weight group of the block, the activations quantized in the same
-order: the same instruction as above (`_dot4`) then leaves each group's sum in its own lane, which
-one `vpmulld` multiplies by the groups' scales, and one conversion serves the block. In GGUF's own
-order a group's quants fill whole vectors, and each needs its scale broadcast and its sum folded
-on its own: the repacking halves the instructions a block costs.
+The K types (k_tile_dot8) take one scale per 256 activations (llama.cpp's Q8_K), so a block's
+sub-blocks add up in integers. Their rows are tiled the same way (K_TILED): a group of 32 weights
+of every row of a tile takes eight instructions, which leave each row's integer sum in its own lane,
+one `vpmulld` multiplies the sums by the rows' scales of the group, and one conversion serves a
+block of every row.
 
 The instruction set is a compile-time choice: the kernels take `isa` as a NumPy scalar whose type
 names it (ISA_ARG), so that each set is its own specialisation in numba's cache and a test can
@@ -43,10 +42,7 @@ from llogos_cli.backends.cpu_simd import (
     I32,
     I64,
     at,
-    broadcast,
     const,
-    f16_at,
-    fsum,
     load,
     vec,
 )
@@ -75,116 +71,137 @@ def _call(builder, name: str, ret: ir.Type, *args):
     return builder.call(fn, args)
 
 
-def _scalar(context, builder, array_t, array, index, elem: ir.Type):
-    return builder.extract_element(load(context, builder, array_t, array, index, elem, 1), ir.Constant(I32, 0))
-
-
-# The plain types' rows as cpu_quant_int8.packed_rows lays them out: two blocks at a time (a pair,
-# the second all zeros past an odd count), their d (and m) as two float16s, then their quants so
-# that int32 lanes 0-3 of a vector hold the first block's, 4-7 the second's: A (elements 0-15 of
-# each) and B (16-31), the 4-bit types' 32 bytes of nibbles as they are (low nibbles A, high B),
-# Q8_0's 64 bytes as A then B; Q5's fifth bits as two u32 masks, bit p for byte p of A, then of B.
-# name: (bytes, d at, m at, masks at, quants at, the quants' bias).
-PLAIN_PACKED = {
-    "q8_0": (68, 0, None, None, 4, 0),
-    "q4_0": (36, 0, None, None, 4, 8),
-    "q4_1": (40, 0, 2 * 2, None, 8, 0),
-    "q5_0": (44, 0, None, 4, 12, 16),
-    "q5_1": (48, 0, 4, 8, 16, 0),
+# The plain types' rows as cpu_quant_int8.tile_rows lays them out: TILE rows at a time, each of
+# their 32-weight blocks side by side as one tile-block. In a tile-block: the TILE rows' d (and m)
+# as TILE float16s each, Q5's fifth bits as eight 64-bit masks, then the quants as vectors of 64
+# bytes in which int32 lane i holds row i's: four vectors of nibbles for the 4- and 5-bit types
+# (byte b of lane i of vector n: row i's quant 4n + b in the low nibble, 16 + 4n + b in the high),
+# eight of signed bytes for Q8_0 (vector n: quants 4n..4n+3); mask 2n + h's bit 4i + b is the fifth
+# bit of quant 16h + 4n + b of row i. name: (bytes, d at, m at, masks at, quants at, the quants' bias).
+TILE = 16
+TILED = {
+    "q8_0": (TILE * 34, 0, None, None, 32, 0),
+    "q4_0": (TILE * 18, 0, None, None, 32, 8),
+    "q4_1": (TILE * 20, 0, 32, None, 64, 0),
+    "q5_0": (TILE * 22, 0, None, 32, 96, 16),
+    "q5_1": (TILE * 24, 0, 32, 64, 128, 0),
 }
 
 
-def _pair_quants(context, builder, row_t, row, o, name: str) -> list:
-    """A pair's quants as the vectors A and B (<32 x i8>): unsigned, except Q8_0's."""
-    _, _, _, masks_at, qs_at, _ = PLAIN_PACKED[name]
+def _tile_halves(context, builder, rows_t, rows, o):
+    """The TILE float16s at byte o of rows as <TILE x float>."""
+    halves = builder.bitcast(load(context, builder, rows_t, rows, o, I16, TILE), vec(ir.HalfType(), TILE))
+    return builder.fpext(halves, vec(F32, TILE))
+
+
+def _tile_quants(context, builder, rows_t, rows, o, name: str) -> list:
+    """A tile-block's quants as eight <64 x i8>, vector g holding each row's quants 4g..4g+3 (Q8_0's
+    signed, the others' unsigned)."""
+    _, _, _, masks_at, quants_at, _ = TILED[name]
     if name == "q8_0":
-        return [load(context, builder, row_t, row, at(builder, o, qs_at + 32 * h), I8, 32) for h in range(2)]
-    v = load(context, builder, row_t, row, at(builder, o, qs_at), I8, 32)
-    quants = [builder.and_(v, const(I8, 32, 15)), builder.lshr(v, const(I8, 32, 4))]
+        return [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * n), I8, 64) for n in range(8)]
+    low = const(I8, 64, 15)
+    packed = [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * n), I8, 64) for n in range(4)]
+    high = [builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)) for v in packed]
+    quants = [builder.and_(v, low) for v in packed + high]
     if masks_at is not None:   # the fifth bit where the mask has it
-        bits = [builder.bitcast(load(context, builder, row_t, row, at(builder, o, masks_at + 4 * h), I32, 1),
-                                vec(ir.IntType(1), 32)) for h in range(2)]
-        quants = [builder.select(b, builder.or_(q, const(I8, 32, 16)), q) for q, b in zip(quants, bits)]
+        for g in range(8):
+            bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, o, masks_at + 8 * (2 * (g % 4) + g // 4)),
+                                        I64, 1), vec(ir.IntType(1), 64))
+            quants[g] = builder.select(bits, builder.or_(quants[g], const(I8, 64, 16)), quants[g])
     return quants
 
 
-def _pair_halves(context, builder, row_t, row, at_byte):
-    """The two float16s at at_byte, each in four lanes of a <8 x float>."""
-    two = builder.bitcast(load(context, builder, row_t, row, at_byte, I16, 2), vec(ir.HalfType(), 2))
-    wide = builder.fpext(two, vec(F32, 2))
-    return builder.shuffle_vector(wide, wide, ir.Constant(vec(I32, 8), [0] * 4 + [1] * 4))
+def _tile_isum(builder, isa: str, name: str, quants: list, words, total):
+    """<TILE x i32>: each row's Σ quant · xq over a block, from its eight vectors of quants and the
+    block's eight int32 words of activations `words` (<8 x i32>); `total` (<1 x i32>) is Σ xq.
+    VNNI: one 512-bit `vpdpbusd` a vector, each word broadcast to every row, Q8_0's signed quants
+    taken as q + 128 and 128 Σ xq taken off again; AVX2: two 256-bit halves (rows 0-7, 8-15) by
+    `vpmaddubsw` and `vpmaddwd`, Q8_0 as |q| times xq with q's sign. Both give the exact integer."""
+    def word(g: int, n: int):
+        return builder.shuffle_vector(words, words, ir.Constant(vec(I32, n), [g] * n))
+    if isa == "vnni":
+        isum = const(I32, TILE, 0)
+        for g, q in enumerate(quants):
+            u = builder.xor(q, const(I8, 64, -128)) if name == "q8_0" else q
+            isum = _call(builder, "llvm.x86.avx512.vpdpbusd.512", vec(I32, TILE), isum, builder.bitcast(u, vec(I32, TILE)),
+                         word(g, TILE))
+        if name == "q8_0":
+            isum = builder.sub(isum, builder.shl(builder.shuffle_vector(total, total, ir.Constant(vec(I32, TILE), [0] * TILE)),
+                                                 const(I32, TILE, 7)))
+        return isum
+    halves = []
+    for h in range(2):
+        acc = const(I32, 8, 0)
+        for g, q in enumerate(quants):
+            part = builder.shuffle_vector(q, q, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))
+            x = builder.bitcast(word(g, 8), vec(I8, 32))
+            if name == "q8_0":
+                x = _call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, part)
+                part = _call(builder, "llvm.abs.v32i8", vec(I8, 32), part, ir.Constant(ir.IntType(1), 0))
+            acc = _dot4(builder, "avx2", acc, part, x)
+        halves.append(acc)
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, TILE), list(range(TILE))))
 
 
-def plain_row_dot8(name: str, n_tok: int):
-    """An intrinsic dot(row, xq, dx, sx, t, isa) -> n_tok float32 sums: the packed plain-type row
-    (PLAIN_PACKED) times tokens t .. t + n_tok - 1 of activations as cpu_quant_int8.quantize_blocks
-    lays them out (C-order 2-D): per pair of blocks, 64 int8 quants (A then B) and, per int32
-    lane, the scale dx of its block and sx = dx · the sum of the lane's eight quants. A pair's
-    quants are unpacked once for all the tokens; `_dot4` leaves each lane's integer sum, and
+def tile_dot8(name: str, n_tok: int):
+    """An intrinsic dot(rows, c, xq, dx, xsum, t, isa, sums): tile c of the tiled plain-type rows
+    (TILED; tile c's bytes from c · TILE · rows.shape[1] on, so a last tile may lie past the array's
+    rows, in memory the array's own) times tokens t .. t + n_tok - 1 of the activations as
+    cpu_quant_int8.quantize_blocks lays them out (llama.cpp's Q8_0: int8 xq in element order, per
+    block of 32 its scale dx and xsum = Σ xq): sums[TILE k + i] = row i's sum for token t + k. A
+    block's quants are unpacked once for all the tokens; per token and block
 
-        Σ_l w_l · x_l ≈ Σ_lanes dx · d · Σ u · xq + (m - bias · d) · sx
+        Σ_l w_l · x_l ≈ dx · d · Σ u · xq + (m - bias · d) · dx · xsum
 
-    adds into one float vector per token, summed once per row, in a fixed order (ORDERED), so that
-    a token's sum does not depend on the tokens beside it. Q8_0's signed quants multiply as |q|
-    times x with q's sign (`vpsignb`), whose byte pair-sums stay within int16 for AVX2, and both
-    instruction sets then compute the same sums."""
-    size, d_at, m_at, _, _, stored_bias = PLAIN_PACKED[name]
+    in a fixed order of float steps (ORDERED, explicit fused steps), so that a token's sums do not
+    depend on the tokens beside it, and the same on both instruction sets."""
+    size, d_at, m_at, _, _, bias = TILED[name]
 
     @intrinsic
-    def dot(typingctx, row, xq, dx, sx, t, isa):
+    def dot(typingctx, rows, c, xq, dx, xsum, t, isa, sums):
         if isa not in _ISA_OF_TYPE:
             return None
         chosen = _ISA_OF_TYPE[isa]
 
         def codegen(context, builder, sig, args):
-            row_t, xq_t, dx_t, sx_t, _, _ = sig.args
-            row, xq, dx, sx, t, _ = args
-            per_token = builder.udiv(builder.extract_value(context.make_array(xq_t)(context, builder, xq).shape,
-                                                           xq_t.ndim - 1), ir.Constant(I64, 64))
-            n_pairs = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
-                                   ir.Constant(I64, size))
-            tokens = [builder.add(t, ir.Constant(I64, i)) for i in range(n_tok)]
-            accs = [cgutils.alloca_once_value(builder, const(F32, 8, 0.0)) for _ in range(n_tok)]
-            with cgutils.for_range(builder, n_pairs) as loop:
-                o = builder.mul(loop.index, ir.Constant(I64, size))
-                d = _pair_halves(context, builder, row_t, row, at(builder, o, d_at))
-                offset = _pair_halves(context, builder, row_t, row, at(builder, o, m_at)) if m_at is not None else None
-                if stored_bias:
-                    offset = builder.fmul(d, const(F32, 8, -float(stored_bias)), flags=ORDERED)
-                quants = _pair_quants(context, builder, row_t, row, o, name)
-                if name == "q8_0":
-                    signs, quants = quants, [_call(builder, "llvm.abs.v32i8", vec(I8, 32), q, ir.Constant(ir.IntType(1), 0))
-                                             for q in quants]
-                for token, acc in zip(tokens, accs):
-                    pair = builder.add(builder.mul(token, per_token), loop.index)
-                    xs = [load(context, builder, xq_t, xq, builder.add(builder.mul(pair, ir.Constant(I64, 64)),
-                                                                       ir.Constant(I64, 32 * h)), I8, 32) for h in range(2)]
-                    if name == "q8_0":
-                        xs = [_call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, q) for x, q in zip(xs, signs)]
-                    isum = _dot4(builder, chosen, _dot4(builder, chosen, const(I32, 8, 0), quants[0], xs[0]), quants[1], xs[1])
-                    lanes = builder.mul(pair, ir.Constant(I64, 8))
-                    scaled = builder.fmul(builder.sitofp(isum, vec(F32, 8)), load(context, builder, dx_t, dx, lanes, F32, 8),
-                                          flags=ORDERED)
-                    pair_sum = builder.fmul(scaled, d, flags=ORDERED)
-                    if offset is not None:   # one explicit fused step: LLVM's own choice of what to fuse could differ by kernel
-                        pair_sum = _call(builder, "llvm.fma.v8f32", vec(F32, 8), offset,
-                                         load(context, builder, sx_t, sx, lanes, F32, 8), pair_sum)
-                    # one addition a pair on the accumulator's chain, the rest beside it
-                    builder.store(builder.fadd(builder.load(acc), pair_sum, flags=ORDERED), acc)
-            return context.make_tuple(builder, sig.return_type, [fsum(builder, builder.load(a)) for a in accs])
-        return types.UniTuple(types.float32, n_tok)(row, xq, dx, sx, t, isa), codegen
+            rows_t, _, xq_t, dx_t, xs_t, _, _, sums_t = sig.args
+            rows, c, xq, dx, xsum, t, _, sums = args
+            row_bytes = builder.extract_value(context.make_array(rows_t)(context, builder, rows).shape, 1)
+            tile_bytes = builder.mul(row_bytes, ir.Constant(I64, TILE))
+            first = builder.mul(c, tile_bytes)   # offsets from the array's first byte
+            per_token = builder.udiv(builder.extract_value(context.make_array(xq_t)(context, builder, xq).shape, 1),
+                                     ir.Constant(I64, 32))
+            n_blocks = builder.udiv(tile_bytes, ir.Constant(I64, size))
+            accs = [cgutils.alloca_once_value(builder, const(F32, TILE, 0.0)) for _ in range(n_tok)]
+            with cgutils.for_range(builder, n_blocks) as loop:
+                o = builder.add(first, builder.mul(loop.index, ir.Constant(I64, size)))
+                d = _tile_halves(context, builder, rows_t, rows, at(builder, o, d_at))
+                offset = _tile_halves(context, builder, rows_t, rows, at(builder, o, m_at)) if m_at is not None else None
+                if bias:
+                    offset = builder.fmul(d, const(F32, TILE, -float(bias)), flags=ORDERED)
+                quants = _tile_quants(context, builder, rows_t, rows, o, name)
+                for k, acc in enumerate(accs):
+                    block = builder.add(builder.mul(builder.add(t, ir.Constant(I64, k)), per_token), loop.index)
+                    words = load(context, builder, xq_t, xq, builder.mul(block, ir.Constant(I64, 32)), I32, 8)
+                    total = load(context, builder, xs_t, xsum, block, I32, 1)
+                    isum = _tile_isum(builder, chosen, name, quants, words, total)
+                    dxv = load(context, builder, dx_t, dx, block, F32, 1)
+                    scale = builder.fmul(d, builder.shuffle_vector(dxv, dxv, ir.Constant(vec(I32, TILE), [0] * TILE)), flags=ORDERED)
+                    a = _call(builder, "llvm.fma.v16f32", vec(F32, TILE), builder.sitofp(isum, vec(F32, TILE)), scale,
+                              builder.load(acc))
+                    if offset is not None:
+                        sx = builder.fmul(dxv, builder.sitofp(total, vec(F32, 1)), flags=ORDERED)
+                        a = _call(builder, "llvm.fma.v16f32", vec(F32, TILE), offset,
+                                  builder.shuffle_vector(sx, sx, ir.Constant(vec(I32, TILE), [0] * TILE)), a)
+                    builder.store(a, acc)
+            out = context.make_array(sums_t)(context, builder, sums).data
+            for k, acc in enumerate(accs):
+                ptr = builder.bitcast(builder.gep(out, [ir.Constant(I64, TILE * k)]), vec(F32, TILE).as_pointer())
+                builder.store(builder.load(acc), ptr, align=4)
+            return context.get_dummy_value()
+        return types.none(rows, c, xq, dx, xsum, t, isa, sums), codegen
     return dot
-
-
-# The K types' rows as pack_k_rows lays them out (cpu_quant_int8): per 256-weight block, its float16
-# scale(s), its sub-block scales (and mins) one byte each, then its quants so that byte b of lane i
-# (bytes 4i..4i+3) of unpacked vector m holds quant 32i + 4m + b: each of a vector's eight int32
-# lanes gathers one 32-weight group of the block. name: (bytes, scales at, quants at, high bits at).
-K_PACKED = {
-    "q4_k": (148, 4, 20, None),   # d, dmin; 8 scales, 8 mins (u8); qs: 4 × 32 bytes of nibbles
-    "q5_k": (180, 4, 52, 20),     # as Q4_K, plus 32 bytes: bit m of byte 4i + b is quant (i, m, b)'s fifth
-    "q6_k": (210, 2, 18, 146),    # d; 16 scales (i8); ql as Q4_K's qs; qh: 2 × 32 bytes of 2-bit highs
-}
 
 
 def _dot4(builder, isa: str, acc, u, x):
@@ -198,101 +215,146 @@ def _dot4(builder, isa: str, acc, u, x):
     return builder.add(acc, _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), pairs, const(I16, 16, 1)))
 
 
-def _shift(builder, v, left: int):
-    """v's bytes shifted left by `left` bits (right if negative)."""
-    if left > 0:
-        return builder.shl(v, const(I8, 32, left))
-    return builder.lshr(v, const(I8, 32, -left)) if left < 0 else v
+# The K types' rows as cpu_quant_int8.tile_rows lays them out: TILE rows at a time, each of their
+# 256-weight blocks side by side as one tile-block: the TILE rows' d (and dmin) as TILE float16s,
+# their sub-block scales (and mins) as one byte a row, sub-block by sub-block (Q6_K's signed), then
+# the quants as vectors of 64 bytes in which int32 lane i holds row i's. Vector 8g + n of nibbles
+# holds, at byte b of lane i, quant 4n + b of row i's 32-weight groups 2g (low nibble) and 2g + 1
+# (high); Q5_K's fifth bits are 64 masks (8j + n: bit 4i + b for quant 4n + b of group j), Q6_K's
+# two high bits are 16 vectors (4g + n, n < 4), byte b of lane i holding those of quant 4n + b of
+# groups 2g, 2g + 1 (bits 0-3) and of quant 16 + 4n + b of both (bits 4-7). Each is TILE times the
+# GGUF block's bytes but Q4_K's and Q5_K's, whose six-bit scales and mins take a byte each.
+# name: (bytes, d at, dmin at, scales at, mins at, quants at, high bits at).
+K_TILED = {
+    "q4_k": (TILE * 148, 0, 32, 64, 192, 320, None),
+    "q5_k": (TILE * 180, 0, 32, 64, 192, 320, 2368),
+    "q6_k": (TILE * 210, 0, None, 32, None, 288, 2336),
+}
 
 
-def _packed_quants(context, builder, row_t, row, o, name: str) -> list:
-    """The eight unpacked <32 x i8> vectors of unsigned quants of the packed block at byte o."""
-    _, _, qs_at, high_at = K_PACKED[name]
-    low, four = const(I8, 32, 15), const(I8, 32, 4)
-    nibbles = [load(context, builder, row_t, row, at(builder, o, qs_at + 32 * n), I8, 32) for n in range(4)]
-    quants = [builder.and_(v, low) for v in nibbles] + [builder.lshr(v, four) for v in nibbles]
-    if name == "q5_k":   # bit m of the high bytes to bit 4
-        high = load(context, builder, row_t, row, at(builder, o, high_at), I8, 32)
-        return [builder.or_(q, builder.and_(_shift(builder, high, 4 - m), const(I8, 32, 16))) for m, q in enumerate(quants)]
-    if name == "q6_k":   # bits 2k, 2k + 1 of high vector m // 4 (k = m % 4) to bits 4, 5
-        highs = [load(context, builder, row_t, row, at(builder, o, high_at + 32 * h), I8, 32) for h in range(2)]
-        return [builder.or_(q, builder.and_(_shift(builder, highs[m // 4], 4 - 2 * (m % 4)), const(I8, 32, 48)))
-                for m, q in enumerate(quants)]
-    return quants
+def _rows_dot(builder, isa: str, acc, u, word):
+    """acc (<TILE x i32>) plus each row's four products of unsigned bytes u (<64 x i8>, lane i row
+    i's) by the signed bytes of one int32 activation word (<1 x i32>), broadcast to every row."""
+    if isa == "vnni":
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", vec(I32, TILE), acc, builder.bitcast(u, vec(I32, TILE)),
+                     builder.shuffle_vector(word, word, ir.Constant(vec(I32, TILE), [0] * TILE)))
+    x = builder.bitcast(builder.shuffle_vector(word, word, ir.Constant(vec(I32, 8), [0] * 8)), vec(I8, 32))
+    halves = [_dot4(builder, "avx2", builder.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(8 * h, 8 * h + 8)))),
+                    builder.shuffle_vector(u, u, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32)))), x)
+              for h in range(2)]
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, TILE), list(range(TILE))))
 
 
-def _block_scales(context, builder, row_t, row, o, name: str, scales_at: int):
-    """A packed block's sub-block scales as <8 x i32>: Q6_K's two vectors (its even and its odd
-    16-weight sub-blocks, signed), the others' scales and mins (unsigned)."""
-    def eight(k: int, extend):
-        return extend(load(context, builder, row_t, row, at(builder, o, scales_at + 8 * k), I8, 8), vec(I32, 8))
-    if name == "q6_k":
-        return eight(0, builder.sext), eight(1, builder.sext)
-    return eight(0, builder.zext), eight(1, builder.zext)
+def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g: int) -> list:
+    """Groups 2g and 2g + 1 of a K tile-block: two lists of eight <64 x i8> of unsigned quants,
+    vector n holding each row's quants 4n..4n+3 of the group."""
+    _, _, _, _, _, quants_at, high_at = K_TILED[name]
+    low = const(I8, 64, 15)
+    nibbles = [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * (8 * g + n)), I8, 64) for n in range(8)]
+    groups = [[builder.and_(v, low) for v in nibbles],
+              [builder.and_(builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)), low)
+               for v in nibbles]]
+    if name == "q5_k":
+        for k in range(2):
+            for n in range(8):
+                bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, o, high_at + 8 * (8 * (2 * g + k) + n)), I64, 1),
+                                       vec(ir.IntType(1), 64))
+                groups[k][n] = builder.select(bits, builder.or_(groups[k][n], const(I8, 64, 16)), groups[k][n])
+    elif name == "q6_k":
+        for n in range(4):
+            high = load(context, builder, rows_t, rows, at(builder, o, high_at + 64 * (4 * g + n)), I8, 64)
+            for k in range(2):
+                for part in range(2):   # quant 4n + b (bits 2k, 2k+1) and 16 + 4n + b (bits 4 + 2k, 5 + 2k)
+                    two = builder.and_(builder.lshr(high, const(I8, 64, 2 * k + 4 * part)), const(I8, 64, 3))
+                    groups[k][n + 4 * part] = builder.or_(groups[k][n + 4 * part], builder.shl(two, const(I8, 64, 4)))
+    return groups
 
 
-def k_row_dot8(name: str, n_tok: int):
-    """An intrinsic dot(row, xq, dx, xs, t, isa) -> n_tok float32 sums: the packed K-type row (q4_k,
-    q5_k, q6_k; see K_PACKED) times tokens t .. t + n_tok - 1 of the activations as
-    cpu_quant_int8.quantize_k_blocks lays them out (C-order 2-D arrays): per 256 elements one scale
-    dx and int8 quants xq in the weights' lane order, and xs (int32, 16 per block) the sums of xq over
-    each group's first and its second 16. Each block's quants are unpacked once for all the tokens;
-    each unpacked vector adds into eight int32 lanes, one per 32-weight group, by `_dot4`, so a
-    block's integer sums come out one per group, to be multiplied by the group's scale in integers,
-    the mins (Q4_K, Q5_K) or the quants' bias of 32 (Q6_K) taken against xs; then d · dx times the
-    block's sums is added into one float vector per token, summed once per row. A token's float steps
-    run in a fixed order (ORDERED), so that its sum does not depend on the tokens beside it."""
-    size, scales_at, _, _ = K_PACKED[name]
+def _k_scales(context, builder, rows_t, rows, o, at_byte: int, j: int, signed: bool):
+    """Sub-block j's scale (or min) of every row of a tile-block as <TILE x i32>."""
+    v = load(context, builder, rows_t, rows, at(builder, o, at_byte + TILE * j), I8, TILE)
+    return (builder.sext if signed else builder.zext)(v, vec(I32, TILE))
+
+
+def k_tile_dot8(name: str, n_tok: int):
+    """An intrinsic dot(rows, c, xq, dx, xs, t, isa, sums): tile c of the tiled K-type rows (K_TILED;
+    tile c's bytes from c · TILE · rows.shape[1] on) times tokens t .. t + n_tok - 1 of llama.cpp's
+    Q8_K activations in element order (cpu_quant_int8.quantize_k_blocks: int8 xq, a scale dx per 256
+    and xs, int32 sums of xq over each 16): sums[TILE k + i] = row i's sum for token t + k. Per
+    block, a group's eight `_rows_dot` leave every row's integer sum; times the rows' scales in
+    integers (`vpmulld`), the mins (Q4_K, Q5_K) or the quants' bias of 32 (Q6_K) taken against xs,
+    then d · dx times the block's sums into one float vector per token, in a fixed order of steps
+    (ORDERED), so that a token's sums do not depend on the tokens beside it."""
+    size, d_at, dmin_at, scales_at, mins_at, _, _ = K_TILED[name]
 
     @intrinsic
-    def dot(typingctx, row, xq, dx, xs, t, isa):
+    def dot(typingctx, rows, c, xq, dx, xs, t, isa, sums):
         if isa not in _ISA_OF_TYPE:
             return None
         chosen = _ISA_OF_TYPE[isa]
 
         def codegen(context, builder, sig, args):
-            row_t, xq_t, dx_t, xs_t, _, _ = sig.args
-            row, xq, dx, xs, t, _ = args
-            cols = builder.extract_value(context.make_array(xq_t)(context, builder, xq).shape, xq_t.ndim - 1)
-            per_token = builder.udiv(cols, ir.Constant(I64, 256))
-            n_blocks = builder.udiv(builder.extract_value(context.make_array(row_t)(context, builder, row).shape, 0),
-                                    ir.Constant(I64, size))
-            tokens = [builder.add(t, ir.Constant(I64, i)) for i in range(n_tok)]
-            accs = [cgutils.alloca_once_value(builder, const(F32, 8, 0.0)) for _ in range(n_tok)]
-            zero = const(I32, 8, 0)
+            rows_t, _, xq_t, dx_t, xs_t, _, _, sums_t = sig.args
+            rows, c, xq, dx, xs, t, _, sums = args
+            tile_bytes = builder.mul(builder.extract_value(context.make_array(rows_t)(context, builder, rows).shape, 1),
+                                     ir.Constant(I64, TILE))
+            first = builder.mul(c, tile_bytes)   # offsets from the array's first byte
+            per_token = builder.udiv(builder.extract_value(context.make_array(xq_t)(context, builder, xq).shape, 1),
+                                     ir.Constant(I64, 256))
+            n_blocks = builder.udiv(tile_bytes, ir.Constant(I64, size))
+            accs = [cgutils.alloca_once_value(builder, const(F32, TILE, 0.0)) for _ in range(n_tok)]
             with cgutils.for_range(builder, n_blocks) as loop:
-                o = builder.mul(loop.index, ir.Constant(I64, size))
-                d = f16_at(context, builder, row_t, row, o)
-                first, second = _block_scales(context, builder, row_t, row, o, name, scales_at)
-                quants = _packed_quants(context, builder, row_t, row, o, name)
-                if name != "q6_k":
-                    dmin = f16_at(context, builder, row_t, row, at(builder, o, 2))
-                for token, acc in zip(tokens, accs):
-                    block = builder.add(builder.mul(token, per_token), loop.index)
-                    e = builder.mul(block, ir.Constant(I64, 256))
-                    xv = [load(context, builder, xq_t, xq, at(builder, e, 32 * m), I8, 32) for m in range(8)]
-                    sums = [load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
-                                                                         ir.Constant(I64, 8 * h)), I32, 8) for h in range(2)]
-                    dxb = _scalar(context, builder, dx_t, dx, block, F32)
-                    # two chains of four: the first and the second 16 of each group
-                    halves = []
-                    for h in range(2):
-                        a = zero
-                        for m in range(4 * h, 4 * h + 4):
-                            a = _dot4(builder, chosen, a, quants[m], xv[m])
-                        halves.append(a)
-                    if name == "q6_k":   # (Σ q · x - 32 Σ x) · scale, per 16
-                        isum = builder.add(*(builder.mul(builder.sub(a, builder.shl(s, const(I32, 8, 5))), sc)
-                                             for a, s, sc in zip(halves, sums, (first, second))))
-                    else:
-                        isum = builder.mul(builder.add(*halves), first)
-                    total = builder.fmul(builder.sitofp(isum, vec(F32, 8)),
-                                         broadcast(builder, builder.fmul(d, dxb, flags=ORDERED), 8), flags=ORDERED)
-                    if name != "q6_k":   # less the mins' part, in one explicit fused step (as plain_row_dot8)
-                        by_min = builder.sitofp(builder.neg(builder.mul(builder.add(*sums), second)), vec(F32, 8))
-                        total = _call(builder, "llvm.fma.v8f32", vec(F32, 8), by_min,
-                                      broadcast(builder, builder.fmul(dmin, dxb, flags=ORDERED), 8), total)
+                o = builder.add(first, builder.mul(loop.index, ir.Constant(I64, size)))
+                blocks = [builder.add(builder.mul(builder.add(t, ir.Constant(I64, k)), per_token), loop.index) for k in range(n_tok)]
+                totals = [const(I32, TILE, 0) for _ in range(n_tok)]
+                for g in range(4):
+                    groups = _k_tile_groups(context, builder, rows_t, rows, o, name, g)
+                    for kk, quants in enumerate(groups):
+                        j = 2 * g + kk
+                        if name == "q6_k":
+                            scales = [_k_scales(context, builder, rows_t, rows, o, scales_at, 2 * j + h, True) for h in range(2)]
+                        else:
+                            scale = _k_scales(context, builder, rows_t, rows, o, scales_at, j, False)
+                        for k, block in enumerate(blocks):
+                            e = builder.add(builder.mul(block, ir.Constant(I64, 256)), ir.Constant(I64, 32 * j))
+                            words = load(context, builder, xq_t, xq, e, I32, 8)
+                            isums = []
+                            for h in range(2):   # the group's first and second 16
+                                a = const(I32, TILE, 0)
+                                for n in range(4 * h, 4 * h + 4):
+                                    a = _rows_dot(builder, chosen, a, quants[n],
+                                                  builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [n])))
+                                isums.append(a)
+                            if name == "q6_k":   # (Σ q · x - 32 Σ x) · scale, per 16
+                                for h in range(2):
+                                    s = load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
+                                                                                     ir.Constant(I64, 2 * j + h)), I32, 1)
+                                    s = builder.shl(builder.shuffle_vector(s, s, ir.Constant(vec(I32, TILE), [0] * TILE)), const(I32, TILE, 5))
+                                    totals[k] = builder.add(totals[k], builder.mul(builder.sub(isums[h], s), scales[h]))
+                            else:
+                                totals[k] = builder.add(totals[k], builder.mul(builder.add(*isums), scale))
+                d = _tile_halves(context, builder, rows_t, rows, at(builder, o, d_at))
+                if dmin_at is not None:
+                    dmin = _tile_halves(context, builder, rows_t, rows, at(builder, o, dmin_at))
+                    mins = [_k_scales(context, builder, rows_t, rows, o, mins_at, j, False) for j in range(8)]
+                for k, (block, acc) in enumerate(zip(blocks, accs)):
+                    dxv = load(context, builder, dx_t, dx, block, F32, 1)
+                    dxs = builder.shuffle_vector(dxv, dxv, ir.Constant(vec(I32, TILE), [0] * TILE))
+                    total = builder.fmul(builder.sitofp(totals[k], vec(F32, TILE)), builder.fmul(d, dxs, flags=ORDERED), flags=ORDERED)
+                    if dmin_at is not None:   # less the mins' part, in one explicit fused step
+                        sums16 = load(context, builder, xs_t, xs, builder.mul(block, ir.Constant(I64, 16)), I32, 16)
+                        by_min = const(I32, TILE, 0)
+                        for j in range(8):
+                            pair = builder.add(builder.shuffle_vector(sums16, sums16, ir.Constant(vec(I32, TILE), [2 * j] * TILE)),
+                                               builder.shuffle_vector(sums16, sums16, ir.Constant(vec(I32, TILE), [2 * j + 1] * TILE)))
+                            by_min = builder.add(by_min, builder.mul(mins[j], pair))
+                        total = _call(builder, "llvm.fma.v16f32", vec(F32, TILE), builder.sitofp(builder.neg(by_min), vec(F32, TILE)),
+                                      builder.fmul(dmin, dxs, flags=ORDERED), total)
                     builder.store(builder.fadd(builder.load(acc), total, flags=ORDERED), acc)
-            return context.make_tuple(builder, sig.return_type, [fsum(builder, builder.load(a)) for a in accs])
-        return types.UniTuple(types.float32, n_tok)(row, xq, dx, xs, t, isa), codegen
+            out = context.make_array(sums_t)(context, builder, sums).data
+            for k, acc in enumerate(accs):
+                ptr = builder.bitcast(builder.gep(out, [ir.Constant(I64, TILE * k)]), vec(F32, TILE).as_pointer())
+                builder.store(builder.load(acc), ptr, align=4)
+            return context.get_dummy_value()
+        return types.none(rows, c, xq, dx, xs, t, isa, sums), codegen
     return dot

@@ -8,6 +8,8 @@ many of its tokens chose it.
 
 import numpy as np
 
+from llogos_cli.gguf import quants
+
 
 class ExpertOps:
     """Mixed into NumpyBackend."""
@@ -60,4 +62,7 @@ class ExpertOps:
         """x (R, in) times rows row0..row0+n of w: one expert's matrix, streamed once."""
         if w.dense is not None:
             return x @ w.dense[row0:row0 + n].T
-        return self.quant_matmul(x, w.blocks[row0:row0 + n], w.qtype)
+        rows = self.quant_matmul.row_range(w.blocks, w.qtype, row0, n)
+        if rows is None:   # tiled rows that an expert's part does not begin a tile of: its rows expanded
+            return x @ quants.dequantize(w.raw[row0:row0 + n], w.qtype).T
+        return self.quant_matmul(x, rows, w.qtype)
