@@ -229,12 +229,10 @@ class QuantMatmul:
         share_out(int(firsts[-1]))
         if n == 1:
             out = np.empty((x.shape[0], raws[0].shape[0]), np.float32)
-            (cpu_quant_int8.matvec8_k_one if k_type else cpu_quant_int8.matvec8_one)(
-                raws[0], codes[0], *quantized, out, self._isa_arg)
+            cpu_quant_int8.matvec8_one(raws[0], codes[0], *quantized, out, self._isa_arg)
             return [out]
         outs = tuple([np.empty((x.shape[0], raw.shape[0]), np.float32) for raw in raws[:n]]) + _PADDING[n]
-        (cpu_quant_int8.matvec8_k if k_type else cpu_quant_int8.matvec8)(
-            raws, codes, firsts, *quantized, outs, self._isa_arg)
+        cpu_quant_int8.matvec8(raws, codes, firsts, *quantized, outs, self._isa_arg)
         return list(outs[:n])
 
     def _quantize8(self, x: np.ndarray, k_type: bool) -> tuple:

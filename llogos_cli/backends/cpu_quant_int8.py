@@ -205,88 +205,77 @@ def packed_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
 
 
 @kernel
-def _k_tiles(rows, code, c0, c1, xq, dx, xs, out, isa):
-    """Tiles c0..c1-1 of a K type's tiled rows times every token, into out (T, rows)."""
+def _tiles(rows, code, c0, c1, xq, dx, xs, out, isa):
+    """Tiles c0..c1-1 of tiled rows of type `code` times every token, into out (T, rows): TOKENS
+    tokens at a time, then one at a time; xs the activations' integer sums (per block of 32 for
+    the plain types, per 16 for the K types)."""
     n_tok, n_rows = xq.shape[0], out.shape[1]
     sums = np.empty(TILE * TOKENS, np.float32)
     for c in range(c0, c1):
         r0 = TILE * c
         n = min(TILE, n_rows - r0)
-        for t in range(0, n_tok - n_tok % TOKENS, TOKENS):
-            if code == _Q4_K:
-                _q4_k4(rows, c, xq, dx, xs, t, isa, sums)
-            elif code == _Q6_K:
-                _q6_k4(rows, c, xq, dx, xs, t, isa, sums)
+        for t in range(0, n_tok, TOKENS):
+            k = min(TOKENS, n_tok - t)
+            if k == TOKENS:
+                _dot4(rows, code, c, xq, dx, xs, t, isa, sums)
             else:
-                _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
-            for k in range(TOKENS):
+                for j in range(k):
+                    _dot1(rows, code, c, xq, dx, xs, t + j, isa, sums[TILE * j:])
+            for j in range(k):
                 for i in range(n):
-                    out[t + k, r0 + i] = sums[TILE * k + i]
-        for t in range(n_tok - n_tok % TOKENS, n_tok):
-            if code == _Q4_K:
-                _q4_k(rows, c, xq, dx, xs, t, isa, sums)
-            elif code == _Q6_K:
-                _q6_k(rows, c, xq, dx, xs, t, isa, sums)
-            else:
-                _q5_k(rows, c, xq, dx, xs, t, isa, sums)
-            for i in range(n):
-                out[t, r0 + i] = sums[i]
+                    out[t + j, r0 + i] = sums[TILE * j + i]
 
 
 @kernel
-def _plain_tiles(rows, code, c0, c1, xq, dx, xsum, out, isa):
-    """Tiles c0..c1-1 of a plain type's tiled rows times every token, into out (T, rows)."""
-    n_tok, n_rows = xq.shape[0], out.shape[1]
-    sums = np.empty(TILE * TOKENS, np.float32)
-    for c in range(c0, c1):
-        r0 = TILE * c
-        n = min(TILE, n_rows - r0)
-        for t in range(0, n_tok - n_tok % TOKENS, TOKENS):
-            if code == _Q4_1:
-                _q4_14(rows, c, xq, dx, xsum, t, isa, sums)
-            elif code == _Q8_0:
-                _q8_04(rows, c, xq, dx, xsum, t, isa, sums)
-            elif code == _Q4_0:
-                _q4_04(rows, c, xq, dx, xsum, t, isa, sums)
-            elif code == _Q5_0:
-                _q5_04(rows, c, xq, dx, xsum, t, isa, sums)
-            else:
-                _q5_14(rows, c, xq, dx, xsum, t, isa, sums)
-            for k in range(TOKENS):
-                for i in range(n):
-                    out[t + k, r0 + i] = sums[TILE * k + i]
-        for t in range(n_tok - n_tok % TOKENS, n_tok):
-            if code == _Q4_1:
-                _q4_1(rows, c, xq, dx, xsum, t, isa, sums)
-            elif code == _Q8_0:
-                _q8_0(rows, c, xq, dx, xsum, t, isa, sums)
-            elif code == _Q4_0:
-                _q4_0(rows, c, xq, dx, xsum, t, isa, sums)
-            elif code == _Q5_0:
-                _q5_0(rows, c, xq, dx, xsum, t, isa, sums)
-            else:
-                _q5_1(rows, c, xq, dx, xsum, t, isa, sums)
-            for i in range(n):
-                out[t, r0 + i] = sums[i]
+def _dot4(rows, code, c, xq, dx, xs, t, isa, sums):
+    if code == _Q4_1:
+        _q4_14(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q8_0:
+        _q8_04(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q4_0:
+        _q4_04(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_0:
+        _q5_04(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_1:
+        _q5_14(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q4_K:
+        _q4_k4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q6_K:
+        _q6_k4(rows, c, xq, dx, xs, t, isa, sums)
+    else:
+        _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
+
+
+@kernel
+def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
+    if code == _Q4_1:
+        _q4_1(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q8_0:
+        _q8_0(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q4_0:
+        _q4_0(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_0:
+        _q5_0(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_1:
+        _q5_1(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q4_K:
+        _q4_k(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q6_K:
+        _q6_k(rows, c, xq, dx, xs, t, isa, sums)
+    else:
+        _q5_k(rows, c, xq, dx, xs, t, isa, sums)
 
 
 @parallel_kernel
-def matvec8(raws, codes, firsts, xq, dx, xsum, outs, isa):
-    """outs[i] (T, rows) = the Q8_0 activations (xq, dx, xsum) · tiled rows of raws[i] (plain types),
-    for every matrix in one parallel region (q, k and v, or gate and up, share their input): a tile
-    (CHUNK rows) at a time, firsts[i] the first of raws[i]'s, firsts[-1] their number. The tuples
-    always hold MATRICES arrays (padding of no rows), so that one specialisation serves every call."""
+def matvec8(raws, codes, firsts, xq, dx, xs, outs, isa):
+    """outs[i] (T, rows) = the activations (xq, dx, xs) · tiled rows of raws[i], for every matrix in
+    one parallel region (q, k and v, or gate and up, share their input; all plain types, taking
+    llama.cpp's Q8_0, or all K types, taking its Q8_K): a tile (CHUNK rows) at a time, firsts[i]
+    the first of raws[i]'s, firsts[-1] their number. The tuples always hold MATRICES arrays
+    (padding of no rows), so that one specialisation serves every call."""
     for c in prange(firsts[-1]):
         i = _matrix_of(firsts, c)
-        _plain_tiles(raws[i], codes[i], c - firsts[i], c - firsts[i] + 1, xq, dx, xsum, outs[i], isa)
-
-
-@parallel_kernel
-def matvec8_k(raws, codes, firsts, xq, dx, xs, outs, isa):
-    """matvec8 for the K types' tiled rows, with the Q8_K activations (xq, dx, xs)."""
-    for c in prange(firsts[-1]):
-        i = _matrix_of(firsts, c)
-        _k_tiles(raws[i], codes[i], c - firsts[i], c - firsts[i] + 1, xq, dx, xs, outs[i], isa)
+        _tiles(raws[i], codes[i], c - firsts[i], c - firsts[i] + 1, xq, dx, xs, outs[i], isa)
 
 
 @kernel
@@ -298,14 +287,7 @@ def _matrix_of(firsts, chunk):
 
 
 @parallel_kernel
-def matvec8_one(raw, code, xq, dx, xsum, out, isa):
+def matvec8_one(raw, code, xq, dx, xs, out, isa):
     """matvec8 for a single matrix, without the tuples (whose padding costs each call ~2 µs to pass)."""
     for c in prange(-(-raw.shape[0] // TILE)):
-        _plain_tiles(raw, code, c, c + 1, xq, dx, xsum, out, isa)
-
-
-@parallel_kernel
-def matvec8_k_one(raw, code, xq, dx, xs, out, isa):
-    """matvec8_k for a single matrix."""
-    for c in prange(-(-raw.shape[0] // CHUNK)):
-        _k_tiles(raw, code, c, c + 1, xq, dx, xs, out, isa)
+        _tiles(raw, code, c, c + 1, xq, dx, xs, out, isa)
