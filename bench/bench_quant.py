@@ -26,22 +26,31 @@ PROMPT_TOKENS = 128
 
 
 def child(path: str, mode: str, n_tg: int) -> dict:
-    """One llogos run in this process: load, prefill 128 tokens, decode n_tg."""
+    """One llogos run in this process: load, prefill 128 tokens, decode n_tg, on the engine
+    `llogos generate` runs (its timings: the steps' own time, as its --json summary reports)."""
+    from llogos_cli.engine.batch import Request
+    from llogos_cli.engine.generation import Generation
+    from llogos_cli.engine.sampling import SamplingParams
+    from llogos_cli.engine.stops import StopCriteria
     from llogos_cli.model.loader import load
     t = time.perf_counter()
-    m = load(path, "cpu", mode, n_ctx=PROMPT_TOKENS + n_tg + 8)
+    n_ctx = PROMPT_TOKENS + n_tg + 8
+    m = load(path, "cpu", mode, n_ctx=n_ctx)
     load_s = time.perf_counter() - t
     model = m.model
-    ids = np.random.default_rng(0).integers(3, model.cfg.n_vocab, PROMPT_TOKENS + n_tg).astype(np.int32)
-    model.forward_seq(model.new_context(16), ids[:2])   # the kernels' first call loads them from numba's cache
-    ctx = model.new_context(PROMPT_TOKENS + n_tg + 8)
-    t = time.perf_counter()
-    model.forward_seq(ctx, ids[:PROMPT_TOKENS])
-    pp = PROMPT_TOKENS / (time.perf_counter() - t)
-    t = time.perf_counter()
-    for i in range(PROMPT_TOKENS, PROMPT_TOKENS + n_tg):
-        model.forward_seq(ctx, ids[i:i + 1])
-    tg = n_tg / (time.perf_counter() - t)
+    ids = np.random.default_rng(0).integers(3, model.cfg.n_vocab, PROMPT_TOKENS).tolist()
+
+    def run(prompt: list[int], n: int):
+        gen = Generation.alone(model, m.tokenizer, n_ctx, Request(0, prompt, SamplingParams(temp=0.0),
+                                                                  StopCriteria(n, ignore_eos=True)))
+        for _ in gen:
+            pass
+        return gen.timings
+
+    run(ids[:2], 2)   # the kernels' first call loads them from numba's cache
+    timings = run(ids, n_tg + 1)   # the first token comes from the prefill; n_tg decode steps follow
+    pp = timings.prompt_n / timings.prompt_ms * 1e3
+    tg = timings.eval_runs / timings.predicted_ms * 1e3
     return {"mode": model.b.weights, "note": m.memory, "load_s": load_s, "pp": pp, "tg": tg,
             "weight_bytes": model.weight_bytes,
             "weights": sum(int(np.prod(t.shape)) for n, t in m.source.file.tensors.items()

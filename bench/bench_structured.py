@@ -23,7 +23,6 @@ from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.grammar import Grammar, Matcher
 from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.sequence import Sequence
-from llogos_cli.engine.session import Session
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.model.loader import load
 from llogos_cli.server.tool_calls import call_schema
@@ -97,10 +96,9 @@ def step_overhead_us(tokenizer, grammar, n: int) -> float:
 
 def one_row(model, tokenizer, grammar, n: int) -> tuple[int, float]:
     """Tokens made and the ms they took (decode only: the prompt's evaluation is timed apart)."""
-    session = Session(model, 1024)
     prompt = tokenizer.encode(PROMPT)
-    gen = Generation(session, tokenizer, prompt, Sampler(SamplingParams(temp=0.0), 1024),
-                     StopCriteria(n, ignore_eos=grammar is None), grammar=grammar)
+    gen = Generation.alone(model, tokenizer, 1024, Request(0, prompt, SamplingParams(temp=0.0),
+                                                           StopCriteria(n, ignore_eos=grammar is None), grammar=grammar))
     for _ in gen:
         pass
     return gen.timings.predicted_n, gen.timings.predicted_ms

@@ -7,8 +7,7 @@ from llogos_cli.backends import cpu_rows
 from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request, row_seed
 from llogos_cli.engine.generation import Generation
-from llogos_cli.engine.sampling import Sampler, SamplingParams
-from llogos_cli.engine.session import Session
+from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -78,8 +77,7 @@ def test_a_batch_must_keep_each_slot_in_one_run():
 
 
 def greedy_alone(m, tok, prompt, n_predict):
-    gen = Generation(Session(m, 64), tok, prompt, Sampler(SamplingParams(temp=0.0), 64),
-                     StopCriteria(n_predict, ignore_eos=True))
+    gen = Generation.alone(m, tok, 64, Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(n_predict, ignore_eos=True)))
     return [t.id for t in gen]
 
 

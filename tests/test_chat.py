@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from llogos_cli.cli.options import chat_format
+from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.chat import Chat
 from llogos_cli.engine.conversation import (
     Message,
@@ -18,8 +19,7 @@ from llogos_cli.engine.conversation import (
     write_messages,
 )
 from llogos_cli.engine.generation import Generation
-from llogos_cli.engine.sampling import Sampler, SamplingParams
-from llogos_cli.engine.session import Session
+from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load, open_model
@@ -49,10 +49,17 @@ def smollm(smollm_path):
     return load("smollm2-135m", "cpu")
 
 
-def new_chat(m, messages, n_predict=12, n_ctx=512, kept_blocks=0, **sampling) -> Chat:
+def new_chat(m, messages, n_predict=12, n_ctx=512, prefix_cache=False, **sampling) -> Chat:
     fmt = chat_format({}, m.source.file.meta, m.source.entry, m.tokenizer)
     params = SamplingParams(**{"temp": 0.0, **sampling})
-    return Chat(fmt, Session(m.model, n_ctx, kept_blocks=kept_blocks), Sampler(params, n_ctx), n_predict, messages)
+    engine = BatchEngine(m.model, m.tokenizer, 1, n_ctx, prefix_cache_bytes=(1 << 24) * prefix_cache, keep_slots=True)
+    return Chat(fmt, engine, params, n_predict, messages)
+
+
+def held(chat: Chat) -> list[int]:
+    """The tokens the chat's slot holds for the next turn."""
+    parked = chat.engine.scheduler.parked
+    return parked[0].tokens[:parked[0].n_cached] if parked else []
 
 
 def quiet(text: str) -> None:
@@ -70,7 +77,7 @@ def test_second_turn_prefills_only_the_new_tokens(smollm):
     first = chat.respond(quiet)
     assert first.stop == "eos" and "Paris" in first.text
     assert first.timings.prompt_n == first.prompt_tokens            # the first turn prefills everything
-    cached = list(chat.session.tokens)
+    cached = held(chat)
     chat.messages.append(Message("user", "And of Germany?"))
     prompt = chat.fmt.ids(chat.messages)
     assert prompt[:len(cached)] == cached                          # the whole first turn is reused...
@@ -105,27 +112,27 @@ def test_a_loaded_conversation_reuses_the_kept_blocks_of_one_left_earlier(exact_
     story = ("Here is a short story. A fox lived at the edge of a forest near a village with a mill, a "
              "bakery and a school. Every morning it watched the baker carry bread to the market square. ")
     saved = [system, Message("user", story + "Where did the fox live?")]
-    chat = new_chat(exact_smollm, saved, kept_blocks=32)
+    chat = new_chat(exact_smollm, saved, prefix_cache=True)
     chat.respond(quiet)
     saved = list(chat.messages)
     chat.clear()
     chat.messages.append(Message("user", "Name a large animal."))
     chat.respond(quiet)
-    held = chat.session.tokens
+    tokens = held(chat)
     chat.messages = saved + [Message("user", "What did the baker carry?")]   # what /load does
     ids = chat.fmt.ids(chat.messages)
-    common = next(i for i, (a, b) in enumerate(zip(held, ids)) if a != b)   # the system prompt's tokens
+    common = next(i for i, (a, b) in enumerate(zip(tokens, ids)) if a != b)   # the system prompt's tokens
     loaded = chat.respond(quiet)
     fresh = new_chat(exact_smollm, saved + [Message("user", "What did the baker carry?")]).respond(quiet)
     assert loaded.text == fresh.text and loaded.prompt_tokens == fresh.prompt_tokens == len(ids)
     assert fresh.timings.prompt_n == len(ids)
-    kept = chat.session.last_kept
-    assert kept >= 3 * 16 and loaded.timings.prompt_n == len(ids) - common - kept
+    hit = loaded.prompt_tokens - loaded.timings.prompt_n   # whole blocks of the first conversation
+    assert hit % 16 == 0 and hit >= common + 3 * 16
     assert loaded.timings.prompt_n < (len(ids) - common) // 3   # without the kept blocks: len(ids) - common
 
 
 def test_regen_with_kept_blocks_gives_the_same_reply(smollm):
-    with_kept = new_chat(smollm, [Message("user", QUESTION)], kept_blocks=32)
+    with_kept = new_chat(smollm, [Message("user", QUESTION)], prefix_cache=True)
     first = with_kept.respond(quiet)
     again = with_kept.regenerate(quiet)
     assert again.text == first.text and again.timings.prompt_n == 1
@@ -150,7 +157,7 @@ def test_interrupted_reply_is_kept_and_the_chat_goes_on(smollm):
     assert chat.respond(quiet).timings.prompt_n < 20
 
 
-def test_ctrl_c_inside_the_model_resets_the_context(smollm):
+def test_ctrl_c_outside_the_model_keeps_the_context(smollm):
     chat = new_chat(smollm, [Message("user", "Write a long story about a dragon.")], n_predict=4)
     pieces = []
 
@@ -160,11 +167,31 @@ def test_ctrl_c_inside_the_model_resets_the_context(smollm):
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         chat.respond(emit)
-    assert chat.session.tokens == [] and chat.last.stop == "interrupted"
-    assert chat.messages[-1] == Message("assistant", "".join(pieces))
+    assert chat.last.stop == "interrupted" and chat.messages[-1] == Message("assistant", "".join(pieces))
+    chat.messages.append(Message("user", "Go on."))
+    assert chat.respond(quiet).timings.prompt_n < 20   # between steps the cache is whole: kept
+
+
+def test_ctrl_c_inside_the_model_drops_the_context(smollm, monkeypatch):
+    messages = [Message("user", "Write a long story about a dragon.")]
+    chat = new_chat(smollm, messages, n_predict=4)
+    run, calls = chat.engine.runner.run, []
+
+    def cut(work):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return run(work)
+    monkeypatch.setattr(chat.engine.runner, "run", cut)
+    with pytest.raises(KeyboardInterrupt):
+        chat.respond(quiet)
+    assert chat.last.stop == "interrupted" and not chat.engine.scheduler.parked   # half-written: not kept
+    monkeypatch.undo()
     chat.messages.append(Message("user", "Go on."))
     again = chat.respond(quiet)
     assert again.timings.prompt_n == again.prompt_tokens   # rebuilt from scratch
+    fresh = new_chat(smollm, chat.messages[:-1], n_predict=4).respond(quiet)
+    assert again.text == fresh.text
 
 
 def test_overflowing_conversation_drops_oldest_turns_but_not_the_system_prompt(smollm, capsys):
@@ -205,11 +232,11 @@ def test_clear_and_system_prompt(smollm):
 def test_stop_ids_end_generation_even_with_ignore_eos():
     m = load(need(FIXTURES / "tiny-llama-f32.gguf").as_posix(), "cpu")
     prompt = m.tokenizer.encode("a b c")
-    free = Generation(Session(m.model, 64), m.tokenizer, prompt, Sampler(SamplingParams(temp=0), 64),
-                      StopCriteria(4, ignore_eos=True))
+    free = Generation.alone(m.model, m.tokenizer, 64, Request(0, prompt, SamplingParams(temp=0),
+                                                              StopCriteria(4, ignore_eos=True)))
     first = next(iter(free)).id
-    stopped = Generation(Session(m.model, 64), m.tokenizer, prompt, Sampler(SamplingParams(temp=0), 64),
-                         StopCriteria(4, ignore_eos=True, stop_ids=frozenset({first})))
+    stopped = Generation.alone(m.model, m.tokenizer, 64, Request(
+        0, prompt, SamplingParams(temp=0), StopCriteria(4, ignore_eos=True, stop_ids=frozenset({first}))))
     assert list(stopped) == [] and stopped.stop == "eos" and stopped.timings.predicted_n == 1
 
 

@@ -12,7 +12,6 @@ from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.grammar import Grammar, Matcher
 from llogos_cli.engine.sampling import Sampler, SamplingParams
-from llogos_cli.engine.session import Session
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -53,7 +52,7 @@ def tiny_model() -> tuple[Model, Tokenizer]:
 
 
 def generate(m: Model, tok: Tokenizer, grammar: Grammar, params: SamplingParams, n: int = 400):
-    gen = Generation(Session(m, 512), tok, tok.encode("x"), Sampler(params, 512), StopCriteria(n), grammar=grammar)
+    gen = Generation.alone(m, tok, 512, Request(0, tok.encode("x"), params, StopCriteria(n), grammar=grammar))
     text = "".join(t.text for t in gen) + gen.tail
     return text, gen.stop
 

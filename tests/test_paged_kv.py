@@ -10,9 +10,8 @@ from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request, row_seed
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE, BlockManager
-from llogos_cli.engine.sampling import Sampler, SamplingParams
+from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
-from llogos_cli.engine.session import Session
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model import memory
@@ -159,8 +158,7 @@ def test_every_family_gives_the_same_greedy_tokens_batched_with_and_without_the_
     system, other = rng.integers(3, m.cfg.n_vocab, 40).tolist(), rng.integers(3, m.cfg.n_vocab, 30).tolist()
     prompts = [system + other[:5], system + other[5:12], system[:24] + other[:9], other, system + other[:5] + [4]]
     requests = [greedy(i, p, 6) for i, p in enumerate(prompts)]
-    alone = {i: [t.id for t in Generation(Session(m, 128), tok, p, Sampler(SamplingParams(temp=0.0), 128),
-                                          StopCriteria(6, ignore_eos=True))]
+    alone = {i: [t.id for t in Generation.alone(m, tok, 128, greedy(i, p, 6))]
              for i, p in enumerate(prompts)}   # the same n_ctx: Phi-3's rope factors depend on it
     for cache in (0, 1 << 20):
         engine = BatchEngine(m, tok, 3, 128, step_tokens=24, prefix_cache_bytes=cache)

@@ -163,15 +163,15 @@ def test_batch_results_report_the_cached_tokens():
     assert 0 < results["same"].timings.prompt_ms < results["a"].timings.prompt_ms + 1000
 
 
-def test_copy_positions_moves_kv_between_caches():
+def test_copy_block_copies_the_head_of_a_paged_block():
     m, _ = load("tiny-llama")
-    src, dst = m.new_cache(2, 32), m.new_cache(2, 32)
-    m.forward(src, Batch.run(np.arange(3, 23, dtype=np.int32), 1, 0, [19]))
-    dst.copy_positions(0, 4, src, 1, 8, 6)
-    for mine, theirs in zip(dst.kv, src.kv):
-        assert np.array_equal(mine.k[0, :, 4:10], theirs.k[1, :, 8:14])
-        assert np.array_equal(mine.v[0, :, 4:10], theirs.v[1, :, 8:14])
-        assert not mine.k[0, :, :4].any() and not mine.k[1].any()
+    cache = m.new_cache(1, 32, n_blocks=4, block_size=16)
+    cache.block_tables[0, :2] = [2, 0]
+    m.forward(cache, Batch.run(np.arange(3, 23, dtype=np.int32), 0, 0, [19]))
+    cache.copy_block(3, 2, 6)
+    for kv in cache.kv:
+        assert np.array_equal(kv.k[3, :, :6], kv.k[2, :, :6]) and np.array_equal(kv.v[3, :, :6], kv.v[2, :, :6])
+        assert kv.k[2, :, :16].any() and not kv.k[3, :, 6:].any() and not kv.k[1].any()
 
 
 def test_llogos_batch_reuses_a_shared_instruction_and_says_how_much(env, tmp_path):
@@ -229,3 +229,22 @@ def test_the_other_families_reuse_prefixes_with_the_same_results(name):
         assert_same(got[r.id], want[r.id], (name, r.id))
     hits = [got[rid].prefix_hit for rid in ("a", "none", "same", "b", "mid")]
     assert hits == ([0] * 5 if any(m.cfg.recurrent) else [0, 0, 48, 32, 16])   # lfm2's short convolutions: none
+
+
+def test_the_cuda_backend_continues_a_parked_slot(monkeypatch):
+    """A parked row continued to the token, and a named block's head copied, in the CUDA layout."""
+    monkeypatch.setattr(memory, "gpu_available", lambda: 1 << 30)
+    f = GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf"))
+    m, tok = Model(f, CudaBackend(EmuKernels())), Tokenizer.from_gguf(f)
+    ps = prompts(m.cfg.n_vocab)
+    first = request("a", ps["a"], n_predict=3, n_logprobs=0)
+    engine = BatchEngine(m, tok, 1, 64, ("f16", "f16"), prefix_cache_bytes=CACHE, keep_slots=True)
+    reply = run(engine, [first])["a"].tokens
+    later = [request("on", ps["a"] + reply + ps["b"][:5], n_predict=3, n_logprobs=0),
+             request("part", ps["a"][:21] + ps["b"][:4], n_predict=3, n_logprobs=0)]
+    want = run(BatchEngine(m, tok, 1, 64, ("f16", "f16"), prefix_cache_bytes=0), later)
+    got = {}
+    for r in later:
+        got.update(run(engine, [r]))
+    assert {k: r.tokens for k, r in got.items()} == {k: r.tokens for k, r in want.items()}
+    assert got["on"].prefix_hit == len(ps["a"]) + len(reply) - 1 and got["part"].prefix_hit == 21

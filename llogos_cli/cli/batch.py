@@ -12,12 +12,14 @@ from llogos_cli.cli.batch_input import Done, LineError, read_items
 from llogos_cli.cli.batch_output import Writer, file_done
 from llogos_cli.cli.batch_progress import Tally
 from llogos_cli.cli.batch_ray import CPUS_PER_WORKER, run_on_ray
-from llogos_cli.cli.batch_setup import draw_seed, set_up
+from llogos_cli.cli.batch_setup import set_up
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import model_options, sampling_options, template_options
 from llogos_cli.console import err
 from llogos_cli.engine.batch import BatchEngine, Request
+from llogos_cli.engine.sampling import draw_seed
 from llogos_cli.errors import LlogosError
+from llogos_cli.model.memory import PREFILL_BATCH
 
 _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 
@@ -31,7 +33,7 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
               help="Write results here as JSON lines (with --ray: a directory of them). [default: stdout]")
 @click.option("-np", "--parallel", type=click.IntRange(min=1, max=256), default=8, show_default=True,
               help="Slots: prompts in flight at once.")
-@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True,
+@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=PREFILL_BATCH, show_default=True,
               help="Tokens per step: one per decoding row, the rest for prompt chunks.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Tokens to generate per prompt; -1 = until end of generation or a full context.")
@@ -120,7 +122,7 @@ def _run(engine: BatchEngine, items, writer: Writer, tally: Tally) -> int:
             record = result.as_dict() if result.error is None else LineError(result.id, line, result.error).as_dict()
             writer.write(place, record)
             tally.add(len(result.tokens), result.error is not None)
-            prompt, cached = prompt + result.timings.prompt_n, cached + result.prefix_hit
+            prompt, cached = prompt + result.timings.prompt_n + result.prefix_hit, cached + result.prefix_hit
     tally.summary()
     if cached:
         err.print(f"[dim]prefix cache: {cached} of {prompt} prompt tokens reused ({cached / prompt:.0%})[/dim]")

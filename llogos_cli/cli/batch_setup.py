@@ -6,8 +6,6 @@ with the same seed the same text, wherever it runs.
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from llogos_cli.cli.batch_input import Defaults
 from llogos_cli.cli.options import cache_types, chat_format_or_none, sampling_params, threads
 from llogos_cli.engine.batch import BatchEngine
@@ -24,11 +22,6 @@ class BatchSetup:
     defaults: Defaults
     engine: BatchEngine
     description: str           # "8 slots of 4096 tokens on cpu"
-
-
-def draw_seed() -> int:
-    """A run's seed when none is given: drawn once, so every worker of a Ray run shares it."""
-    return int(np.random.SeedSequence().entropy % 2 ** 32)
 
 
 def set_up(o: dict, seed: int) -> BatchSetup:

@@ -21,9 +21,7 @@ from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.console import err, notice, warn
 from llogos_cli.engine.chat import Chat
 from llogos_cli.engine.conversation import Message, read_messages, with_system
-from llogos_cli.engine.prefix_cache import BLOCK_SIZE
-from llogos_cli.engine.sampling import Sampler
-from llogos_cli.engine.session import Session
+from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load, open_model
 from llogos_cli.model.registry import ModelEntry
@@ -79,11 +77,10 @@ def chat(**o):
         warn(f"{name} is a base model, not tuned to chat: it continues the conversation as text, so its replies "
              "may be gibberish that runs on until the context fills (`llogos generate` suits it better)")
     n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
-    sampler = Sampler(sampling_params(o, mf.sampling_defaults), n_ctx)
     m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
-    # A context's worth of earlier conversations' KV, so /load and /clear can come back to them.
-    session = Session(m.model, n_ctx, cache_types(o), kept_blocks=n_ctx // BLOCK_SIZE)
-    conversation = Chat(fmt, session, sampler, o["n_predict"], messages)
+    # One slot that keeps its tokens for the next turn, and a prefix cache for /load and /clear.
+    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, cache_types(o), keep_slots=True)
+    conversation = Chat(fmt, engine, sampling_params(o, mf.sampling_defaults), o["n_predict"], messages)
     if interactive:
         if o["simple_io"]:
             err.no_color = True

@@ -1,5 +1,6 @@
 """`llogos generate`: continue one prompt and stream the text to stdout."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -23,9 +24,9 @@ from llogos_cli.cli.options import (
 from llogos_cli.cli.report import print_stats
 from llogos_cli.console import err
 from llogos_cli.engine.conversation import Message
+from llogos_cli.engine.batch import Request, check_fits
 from llogos_cli.engine.generation import Generation
-from llogos_cli.engine.sampling import Sampler
-from llogos_cli.engine.session import Session, check_fits
+from llogos_cli.engine.sampling import draw_seed
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load, open_model
@@ -68,6 +69,8 @@ def generate(**o):
     mf = open_model(o["model_name"])
     tok = mf.tokenizer
     params = sampling_params(o, mf.sampling_defaults)
+    if params.seed is None:   # drawn here, so --stats can name it
+        params = dataclasses.replace(params, seed=draw_seed())
     chat = chat_format(o, mf.file.meta, mf.entry, tok) if o["chat"] else None
     if chat:   # from here on the prompt is the templated text, BOS spelled out; --echo shows it too
         text = chat.text([Message("user", text)])
@@ -84,11 +87,10 @@ def generate(**o):
     n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
     check_fits(len(ids), n_ctx)   # before the weights load
     m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
-    session = Session(m.model, n_ctx, cache_types(o))
-    gen = Generation(session, tok, ids, Sampler(params, n_ctx),
-                     StopCriteria(o["n_predict"], tuple(o["stop"]) + (chat.stop_strings() if chat else ()),
-                                  o["ignore_eos"], chat.stop_ids() if chat else frozenset()),
-                     n_logprobs=o["logprobs"], special=o["special"], grammar=constraint)
+    criteria = StopCriteria(o["n_predict"], tuple(o["stop"]) + (chat.stop_strings() if chat else ()),
+                            o["ignore_eos"], chat.stop_ids() if chat else frozenset())
+    gen = Generation.alone(m.model, tok, n_ctx, Request(0, ids, params, criteria, o["logprobs"], constraint,
+                                                        o["special"]), cache_types(o))
     out = sys.stdout
     if o["echo"] and not o["as_json"]:
         out.write(text if text is not None else tok.decode(ids, special=o["special"]))
@@ -112,7 +114,7 @@ def generate(**o):
         if out.isatty():   # leave the shell prompt on a line of its own; pipes get the text as is
             out.write("\n")
         if gen.context_full:
-            err.print(f"[dim]stopped: the context of {session.n_ctx} tokens is full[/dim]")
+            err.print(f"[dim]stopped: the context of {n_ctx} tokens is full[/dim]")
     out.flush()
     if o["stats"]:
-        print_stats(m, gen.timings, None if params.greedy else gen.sampler.seed)
+        print_stats(m, gen.timings, None if params.greedy else params.seed)

@@ -26,11 +26,11 @@ from llogos_cli.engine.runner import ModelRunner
 from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
 from llogos_cli.engine.sequence import Sequence, Timings, Token
-from llogos_cli.engine.session import check_fits
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import memory
 from llogos_cli.model.forward import Model
+from llogos_cli.model.memory import PREFILL_BATCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,7 @@ class Request:
     criteria: StopCriteria = StopCriteria()
     n_logprobs: int = 0
     grammar: Grammar | None = None   # constrains this request's output alone
+    special: bool = False            # control tokens' text in the output instead of hidden
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class Result:
     logprobs: list | None = None     # per token: [(id, logprob), ...]
     error: str | None = None         # why the request could not run (nothing else is set then)
     prefix_hit: int = 0              # prompt tokens whose KV came from the prefix cache
+    context_full: bool = False       # it stopped because the context had no room left
 
     def as_dict(self) -> dict:
         if self.error is not None:
@@ -72,6 +74,12 @@ class Update:
     result: Result | None
 
 
+def check_fits(n_prompt: int, n_ctx: int) -> None:
+    if n_prompt > n_ctx:
+        raise LlogosError(f"prompt has {n_prompt} tokens, more than the context size {n_ctx} "
+                          f"(raise it with -c/--ctx-size)")
+
+
 def row_seed(seed: int, request_id) -> int:
     """A request's own random stream from the run's seed and its id, so its sampled text does not
     depend on what else is in the batch or in which order requests arrive."""
@@ -89,17 +97,22 @@ class Row:
     blocks: list[int] = field(default_factory=list)   # its block table: the blocks holding its tokens
     n_sealed: int = 0                # blocks at the head of its table named for prefix reuse
     prefix_hit: int = 0              # prompt tokens taken from the prefix cache
+    copy_block: tuple | None = None  # (source, destination, positions) to copy before its next chunk
+    restore: list | None = None      # recurrent state to restore before its next chunk
+    mark_at: int = -1                # the position before which the runner snapshots its state
+    mark: tuple | None = None        # (position, snapshot) of its recurrent state there
     emitted: list[Token] = field(default_factory=list)
     started: float = 0.0
     first_token: float = 0.0
 
-    def result(self, now: float) -> Result:
+    def result(self, now: float, stop: str | None = None) -> Result:
         seq = self.seq
         logprobs = [t.logprobs for t in self.emitted] if self.request.n_logprobs else None
-        timings = Timings(prompt_n=len(seq.prompt), prompt_ms=(self.first_token - self.started) * 1e3,
+        timings = Timings(prompt_n=len(seq.prompt) - self.prefix_hit, prompt_ms=(self.first_token - self.started) * 1e3,
                           predicted_n=len(seq.generated), predicted_ms=(now - self.first_token) * 1e3)
         return Result(self.request.id, "".join(t.text for t in self.emitted) + seq.tail,
-                      [t.id for t in self.emitted], seq.stop, timings, logprobs, prefix_hit=self.prefix_hit)
+                      [t.id for t in self.emitted], stop or seq.stop, timings, logprobs, prefix_hit=self.prefix_hit,
+                      context_full=seq.context_full)
 
 
 class BatchEngine:
@@ -107,12 +120,13 @@ class BatchEngine:
     finished results. Results depend only on each request, never on its batch-mates."""
 
     def __init__(self, model: Model, tokenizer, n_slots: int, n_ctx: int,
-                 cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = 512,
-                 prefix_cache_bytes: int = CACHE_RAM_MIB << 20):
+                 cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = PREFILL_BATCH,
+                 prefix_cache_bytes: int = CACHE_RAM_MIB << 20, keep_slots: bool = False):
         self.tokenizer, self.n_ctx = tokenizer, n_ctx
-        cache_prefixes = bool(prefix_cache_bytes) and not any(model.cfg.recurrent)
+        recurrent = any(model.cfg.recurrent)
+        cache_prefixes = bool(prefix_cache_bytes) and not recurrent
         n_blocks = _kv_pool_blocks(model, cache_types, n_slots, n_ctx, prefix_cache_bytes if cache_prefixes else 0)
-        self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks), cache_prefixes)
+        self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks), cache_prefixes, keep_slots, recurrent)
         self.runner = ModelRunner(model, n_slots, n_ctx, cache_types, n_blocks)
         self._done: list[Update] = []    # requests that ended before needing a slot
         self._forks: dict[Row, list[Row]] = {}   # a prompt's first row -> its other choices, until it is prefilled
@@ -155,7 +169,7 @@ class BatchEngine:
             raise LlogosError(f"a prompt token id is out of range (the vocabulary has {n_vocab} tokens)")
         check_fits(len(request.prompt), self.n_ctx)
         seq = Sequence(self.tokenizer, request.prompt, Sampler(request.params, self.n_ctx), request.criteria,
-                       self.n_ctx, request.n_logprobs, grammar=request.grammar)
+                       self.n_ctx, request.n_logprobs, request.special, request.grammar)
         return Row(request, seq, list(request.prompt))
 
     def _release_forks(self, row: Row) -> None:
@@ -163,26 +177,29 @@ class BatchEngine:
         for fork in self._forks.pop(row, ()):
             self.scheduler.add(fork)
 
-    def cancel(self, request_id) -> bool:
-        """Drop a request, waiting or running; its slot is free for the next step."""
+    def cancel(self, request_id, keep: bool = True) -> Result | None:
+        """Drop a request, waiting or running; its slot is free for the next step. -> its result so
+        far (stop "cancelled"), None when no such request is queued. keep=False: a step was cut
+        inside the forward pass, so the row's cache is not parked for reuse."""
+        now = time.perf_counter()
         for first, forks in self._forks.items():
             for row in forks:
                 if row.request.id == request_id:
                     forks.remove(row)
                     if not forks:
                         del self._forks[first]
-                    return True
+                    return row.result(now, "cancelled")
         for row in list(self.scheduler.waiting):
             if row.request.id == request_id:
                 self.scheduler.waiting.remove(row)
                 self._release_forks(row)
-                return True
+                return row.result(now, "cancelled")
         for row in self.scheduler.running:
             if row.request.id == request_id:
-                self.scheduler.finish(row)
+                self.scheduler.finish(row, keep)
                 self._release_forks(row)
-                return True
-        return False
+                return row.result(now, "cancelled")
+        return None
 
     def step(self) -> list[Update]:
         updates, self._done = self._done, []

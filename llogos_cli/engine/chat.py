@@ -1,14 +1,16 @@
 """A conversation held against one model context: each turn prefills only what is new."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from llogos_cli.console import warn
+from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.conversation import ChatFormat, Message, fit, with_system
 from llogos_cli.engine.generation import Generation
-from llogos_cli.engine.sampling import Sampler
+from llogos_cli.engine.sampling import SamplingParams, draw_seed
 from llogos_cli.engine.sequence import Timings
-from llogos_cli.engine.session import Session
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 
@@ -32,18 +34,22 @@ def _rate(n: int, ms: float) -> str:
 
 
 class Chat:
-    """The messages so far and the Session that has seen them.
+    """The messages so far and the engine (one slot that keeps its tokens) that has seen them.
 
-    Every turn renders the whole conversation and hands it to Session.evaluate, which keeps the
-    longest prefix already in the KV cache: in a growing conversation that is everything up to
-    the new message. Whatever re-renders differently (a reply re-tokenized, a dropped turn, a
-    new system prompt) is prefilled again from the first token that differs."""
+    Every turn renders the whole conversation as a new request; the engine continues the tokens
+    its slot still holds as far as they agree, and the prefix cache holds earlier conversations'
+    blocks: in a growing conversation everything up to the new message is reused. Whatever
+    re-renders differently (a reply re-tokenized, a dropped turn, a new system prompt) is
+    prefilled again from the first token that differs."""
 
-    def __init__(self, fmt: ChatFormat, session: Session, sampler: Sampler, n_predict: int,
+    def __init__(self, fmt: ChatFormat, engine: BatchEngine, params: SamplingParams, n_predict: int,
                  messages: list[Message]):
         self.fmt = fmt
-        self.session = session
-        self.sampler = sampler   # one for the whole chat, so /regen draws a new sample
+        self.engine = engine
+        self.params = params
+        self.seed = params.seed if params.seed is not None else draw_seed()
+        self._seeds = np.random.default_rng(self.seed)   # each turn's own, so /regen draws a new sample
+        self._turns = 0
         self.criteria = StopCriteria(n_predict, fmt.stop_strings(), stop_ids=fmt.stop_ids())
         self.messages = list(messages)
         self.last: Reply | None = None
@@ -60,7 +66,7 @@ class Chat:
         self.messages = self.messages[:1] if self.system is not None else []
 
     def _room_for_reply(self) -> int:
-        n_ctx, n = self.session.n_ctx, self.criteria.n_predict
+        n_ctx, n = self.engine.n_ctx, self.criteria.n_predict
         return min(n, n_ctx // 2) if n >= 0 else n_ctx // 4
 
     def respond(self, emit: Callable[[str], None], interrupted: Callable[[], bool] = lambda: False) -> Reply:
@@ -69,14 +75,14 @@ class Chat:
         self.last = None
         if not self.messages or self.messages[-1].role != "user":
             raise LlogosError("the conversation does not end with a user message: there is nothing to reply to")
-        kept, ids = fit(self.fmt, self.messages, self.session.n_ctx - self._room_for_reply())
+        kept, ids = fit(self.fmt, self.messages, self.engine.n_ctx - self._room_for_reply())
         if len(kept) < len(self.messages):
-            warn(f"the conversation outgrew the context of {self.session.n_ctx} tokens: "
+            warn(f"the conversation outgrew the context of {self.engine.n_ctx} tokens: "
                  f"dropped the {len(self.messages) - len(kept)} oldest messages")
             self.messages = kept
-        # The prompt is the whole conversation, so the penalties' history starts afresh from it.
-        self.sampler.history.clear()
-        gen = Generation(self.session, self.fmt.tokenizer, ids, self.sampler, self.criteria)
+        self._turns += 1
+        params = replace(self.params, seed=int(self._seeds.integers(2 ** 63)))
+        gen = Generation(self.engine, Request(f"turn-{self._turns}", ids, params, self.criteria))
         pieces, stop = [], None
         tokens = iter(gen)
         try:
@@ -89,17 +95,15 @@ class Chat:
             else:
                 pieces.append(gen.tail)
                 emit(gen.tail)
-        except KeyboardInterrupt:
-            # Cut inside a forward pass: the cache and any recurrent state may be half-written.
+        except KeyboardInterrupt:   # the engine drops a cache cut inside a forward pass
             stop = "interrupted"
-            self.session.reset()
             raise
         finally:
             tokens.close()
             self.last = Reply("".join(pieces), stop or gen.stop, len(ids), gen.timings)
             self.messages.append(Message("assistant", self.last.text))
         if gen.context_full:
-            warn(f"the reply filled the context of {self.session.n_ctx} tokens")
+            warn(f"the reply filled the context of {self.engine.n_ctx} tokens")
         return self.last
 
     def regenerate(self, emit: Callable[[str], None], interrupted: Callable[[], bool] = lambda: False) -> Reply:

@@ -1,54 +1,70 @@
-"""Generation of one sequence: prefill, then decode a token at a time until a stop rule ends it."""
+"""One request run on the engine as a stream of tokens: what `generate` and `chat` iterate.
+
+The engine is the one every command runs; a single sequence is its one-slot case. Timings count
+the engine's steps only, not the consumer's time between tokens (a terminal, a pipe).
+"""
 
 import time
 
-from llogos_cli.engine.grammar import Grammar
-from llogos_cli.engine.sampling import Sampler
-from llogos_cli.engine.sequence import Sequence, Timings
-from llogos_cli.engine.session import Session
-from llogos_cli.engine.stops import StopCriteria
-from llogos_cli.tokenizer.tokenizer import Tokenizer
+from llogos_cli.engine.batch import BatchEngine, Request, Result
+from llogos_cli.engine.sequence import Timings
 
 
 class Generation:
-    """Iterate to receive Tokens; afterwards `stop` says why it ended and `timings` how long it took."""
+    """Iterate to receive Tokens; afterwards `result` holds the outcome (None when the consumer
+    stopped early), `stop` why it ended and `timings` how long the engine took."""
 
-    def __init__(self, session: Session, tokenizer: Tokenizer, prompt: list[int], sampler: Sampler,
-                 criteria: StopCriteria, n_logprobs: int = 0, special: bool = False, grammar: Grammar | None = None):
-        self.session, self.prompt, self.sampler = session, prompt, sampler
-        self.seq = Sequence(tokenizer, prompt, sampler, criteria, session.n_ctx, n_logprobs, special, grammar)
+    def __init__(self, engine: BatchEngine, request: Request):
+        self.engine, self.request = engine, request
+        self.result: Result | None = None
         self.timings = Timings()
+        self._text: list[str] = []
 
-    stop = property(lambda self: self.seq.stop or "")
-    tail = property(lambda self: self.seq.tail)
-    context_full = property(lambda self: self.seq.context_full)
+    @classmethod
+    def alone(cls, model, tokenizer, n_ctx: int, request: Request,
+              cache_types: tuple[str | None, str | None] = (None, None)) -> "Generation":
+        """The request on a one-slot engine of its own, without a prefix cache (`generate`)."""
+        return cls(BatchEngine(model, tokenizer, 1, n_ctx, cache_types, prefix_cache_bytes=0), request)
+
+    stop = property(lambda self: self.result.stop if self.result is not None else "")
+    context_full = property(lambda self: self.result is not None and self.result.context_full)
+
+    @property
+    def tail(self) -> str:
+        """Text released only at the end (a held-back stop-string prefix, a partial character)."""
+        return self.result.text[len("".join(self._text)):] if self.result is not None else ""
 
     def __iter__(self):
-        seq, t0 = self.seq, time.perf_counter()
-        logits = self.session.evaluate(self.prompt)
-        self.timings.prompt_n = self.session.last_evaluated
-        self.timings.prompt_ms = (time.perf_counter() - t0) * 1e3
-        busy = 0.0   # time spent sampling and decoding, not in the consumer's hands between tokens
+        engine, rid, t = self.engine, self.request.id, self.timings
+        engine.add(self.request)
+        prompt_s = decode_s = 0.0
+        in_step = False
         try:
-            while seq.stop is None:
+            while self.result is None:
                 t0 = time.perf_counter()
-                token = seq.push(*self._choose(logits))
-                busy += time.perf_counter() - t0
-                if token is not None:
-                    yield token
-                if seq.stop is None:   # its logits will be needed
-                    t0 = time.perf_counter()
-                    logits = self.session.step(token.id)
-                    busy += time.perf_counter() - t0
-                    self.timings.eval_runs += 1
+                in_step = True
+                updates = [u for u in engine.step() if u.id == rid]
+                in_step = False
+                if t.predicted_n:   # each step after the first token evaluates the last one
+                    decode_s += time.perf_counter() - t0
+                    t.eval_runs += 1
+                else:
+                    prompt_s += time.perf_counter() - t0
+                t.prompt_ms, t.predicted_ms = prompt_s * 1e3, decode_s * 1e3
+                for u in updates:
+                    t.predicted_n += 1
+                    if u.result is not None:
+                        self._finish(u.result)
+                    if u.token is not None:
+                        self._text.append(u.token.text)
+                        yield u.token
         finally:   # a consumer that stops early (chat's Ctrl-C) still gets the timings so far
-            self.timings.predicted_n = len(seq.generated)
-            self.timings.predicted_ms = busy * 1e3
+            if self.result is None:
+                partial = engine.cancel(rid, keep=not in_step)
+                if partial is not None:
+                    t.prompt_n = partial.timings.prompt_n
 
-    def _choose(self, logits) -> tuple[int, list | None]:
-        """The next token (and its top log-probabilities if asked). Plain greedy decoding takes the
-        argmax where the logits are, so on a GPU only the token id crosses to the host."""
-        b = self.session.model.b
-        if self.seq.plain_greedy:
-            return int(b.argmax_rows(logits[None])[0]), None
-        return self.seq.choose(b.to_host(logits))
+    def _finish(self, result: Result) -> None:
+        self.result = result
+        self.timings.prompt_n = result.timings.prompt_n
+        self.timings.predicted_n = result.timings.predicted_n

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llogos_cli.engine.sampling import token_logprobs
-from llogos_cli.engine.session import PREFILL_BATCH
+from llogos_cli.model.memory import PREFILL_BATCH
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer

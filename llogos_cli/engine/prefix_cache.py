@@ -60,6 +60,10 @@ class BlockManager:
             parent = block.digest
         return ids
 
+    def named(self, block_id: int) -> bool:
+        """Whether the block is in the cache by its name: other rows may read it, so none writes it."""
+        return self.blocks[block_id].digest != ROOT
+
     def take(self, n: int) -> list[int]:
         """n blocks for new tokens, each with one reference and no name; the caller has checked
         n_free. Unnamed blocks go first, then the least recently used named ones."""

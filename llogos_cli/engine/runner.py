@@ -5,7 +5,8 @@ replays a CUDA graph; a step with prompt chunks runs the forward pass eagerly. P
 take their argmax where the logits are; only the other rows' logits cross to the host.
 The cache's KV is a pool of n_blocks blocks of BLOCK_SIZE positions, and the runner writes each
 row's block table into the cache's block_tables before a step (in place: a captured decode graph
-reads them); rows that share a prefix read the same blocks.
+reads them); rows that share a prefix read the same blocks. Before the pass it carries out what the scheduler
+decided for a row's slot: a fresh start, a recurrent state restored or marked, a block's head copied.
 """
 
 import numpy as np
@@ -26,8 +27,18 @@ class ModelRunner:
     def run(self, work: list[Work]) -> list[tuple[int, list | None]]:
         """Evaluate the work; the next (token id, top logprobs) of each item that samples, in order."""
         for w in work:
+            row = w.row
             if w.start == 0:   # a new sequence in this slot
-                self.cache.reset(w.row.slot)
+                self.cache.reset(row.slot)
+            if row.restore is not None:   # a parked row's state, marked before its prompt's last token
+                self.cache.restore(row.slot, row.restore)
+                row.restore = None
+            if row.copy_block is not None:   # (source, destination, positions): a shared block's head
+                src, dst, n = row.copy_block
+                self.cache.copy_block(dst, src, n)
+                row.copy_block = None
+            if row.mark_at == w.start:
+                row.mark = (w.start, self.cache.snapshot(row.slot))
             if self._written.get(w.row.slot) != w.row.blocks:   # a decoding row's changes every 16 tokens
                 self.model.b.write_block_table(self.cache.block_tables, w.row.slot, w.row.blocks)
                 self._written[w.row.slot] = list(w.row.blocks)

@@ -55,10 +55,15 @@ class SamplingParams:
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
 
+def draw_seed() -> int:
+    """A fresh random seed, for a run or a request that names none."""
+    return int(np.random.SeedSequence().entropy % 2 ** 32)
+
+
 class Sampler:
     def __init__(self, params: SamplingParams, n_ctx: int):
         self.params = params
-        self.seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy % 2 ** 32)
+        self.seed = params.seed if params.seed is not None else draw_seed()
         self.rng = np.random.default_rng(self.seed)
         self.window = n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
         self.history: list[int] = []

@@ -9,8 +9,17 @@ class SlotPool:
     def n_free(self) -> int:
         return len(self._free)
 
-    def take(self) -> int:
-        return self._free.pop()
+    def take(self, slot: int | None = None) -> int:
+        """The lowest free slot, or the one named."""
+        if slot is None:
+            return self._free.pop()
+        self._free.remove(slot)
+        return slot
+
+    @property
+    def free(self) -> list[int]:
+        """The free slots, highest first."""
+        return list(self._free)
 
     def give(self, slot: int) -> None:
         self._free.append(slot)

@@ -257,10 +257,6 @@ class Cache:
     def pad_slot(self) -> int:
         return self.n_slots
 
-    @property
-    def recurrent(self) -> bool:
-        return any(s is not None for s in self.state)
-
     def reset(self, slot: int) -> None:
         """Start a new sequence in slot: its recurrent state back to zeros (KV entries past a
         sequence's length are never read, so they need no clearing)."""
@@ -269,14 +265,14 @@ class Cache:
                 for f in dataclasses.fields(s):
                     getattr(s, f.name)[slot] = 0
 
-    def copy_positions(self, slot: int, pos: int, src: "Cache", src_slot: int, src_pos: int, n: int) -> None:
-        """Copy the attention layers' KV of n positions from src's slot into this cache's slot, in
-        place (a captured CUDA graph keeps reading these arrays). Both caches are the same model's
-        with the same types; every backend lays a layer's KV out as (slot, head, position, ...)."""
-        for mine, theirs in zip(self.kv, src.kv):
-            if mine is not None:
-                mine.k[slot, :, pos:pos + n] = theirs.k[src_slot, :, src_pos:src_pos + n]
-                mine.v[slot, :, pos:pos + n] = theirs.v[src_slot, :, src_pos:src_pos + n]
+    def copy_block(self, dst: int, src: int, n: int) -> None:
+        """Paged: copy the attention layers' KV of block src's first n positions into block dst, in
+        place (a captured CUDA graph keeps reading these arrays). Every backend lays a paged
+        layer's KV out as (block, head, position, ...)."""
+        for kv in self.kv:
+            if kv is not None:
+                kv.k[dst, :, :n] = kv.k[src, :, :n]
+                kv.v[dst, :, :n] = kv.v[src, :, :n]
 
     def snapshot(self, slot: int) -> list:
         """A copy of slot's recurrent state (its size does not grow with the context)."""
@@ -300,25 +296,3 @@ class Context:
     @property
     def n_ctx(self) -> int:
         return self.cache.n_ctx
-
-    @property
-    def recurrent(self) -> bool:
-        return self.cache.recurrent
-
-    def rewind(self, n: int) -> bool:
-        """Forget positions n and later. Recurrent state cannot be rewound, only rebuilt."""
-        if n != self.n_past and self.recurrent:
-            return False
-        self.n_past = min(self.n_past, n)
-        return True
-
-    def snapshot(self) -> tuple[int, list]:
-        """Mark this point (say, before a reply) for restore(), the way back rewind() cannot take for
-        recurrent layers. The KV cache below n_past is left alone by later tokens and needs no copy."""
-        return self.n_past, self.cache.snapshot(0)
-
-    def restore(self, snap: tuple[int, list]) -> None:
-        """Return to a snapshot, as often as wanted. Valid while the positions before it are unchanged:
-        evaluating on from an older snapshot invalidates newer ones."""
-        self.n_past, state = snap
-        self.cache.restore(0, state)

@@ -30,7 +30,7 @@ F32_MAX_WEIGHTS = 200_000_000
 # The paged KV pool takes at most this share of the memory left after loading: rows past it wait
 # or are preempted instead of driving the machine into swap.
 KV_POOL_SHARE = 0.5
-PREFILL_BATCH = 512      # tokens a prefill step holds activations for (engine.generation's batch)
+PREFILL_BATCH = 512      # tokens of one engine step (-b/--batch-size), the activations a prefill holds
 QUERY_CHUNK = 256        # query rows whose attention scores the CPU holds at once
 # Bytes per cached element: the CPU holds q8_0 entries as float32 after rounding, CUDA packs them.
 _KV_BYTES = {"cpu": {"f32": 4, "f16": 2, "q8_0": 4}, "cuda": {"f32": 4, "f16": 2, "q8_0": 34 / 32}}
@@ -100,8 +100,10 @@ def kv_pool_blocks(cfg: ModelConfig, device: str, type_k: str, type_v: str, bloc
     row = -(-n_ctx // block_size)
     if not per_block:   # no attention layers: the tables are never read
         return row
-    available = gpu_available() if device == "cuda" else host_available()
     want = n_slots * row + int(cache_bytes // per_block)
+    if want <= row:   # one row without a prefix cache: one context, whatever memory is left
+        return row
+    available = gpu_available() if device == "cuda" else host_available()
     return max(row, min(want, int(KV_POOL_SHARE * available // per_block)))
 
 

@@ -151,7 +151,7 @@ class EngineThread:
             if u.token is not None or (u.result is not None and u.result.timings.predicted_n):
                 generated += 1
             if u.result is not None:
-                prompt += u.result.timings.prompt_n
+                prompt += u.result.timings.prompt_n + u.result.prefix_hit
                 cached += u.result.prefix_hit
                 del self._events[u.id]
                 self._release()

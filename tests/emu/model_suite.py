@@ -180,9 +180,9 @@ def test_decoder_rejects_bad_rows(backend):
 def test_engine_greedy_generation_matches_the_cpu_backend(backend):
     """The engine's path on this backend: its decode step (a CUDA graph) and the argmax where the
     logits are, so only token ids cross to the host."""
+    from llogos_cli.engine.batch import Request
     from llogos_cli.engine.generation import Generation
-    from llogos_cli.engine.sampling import Sampler, SamplingParams
-    from llogos_cli.engine.session import Session
+    from llogos_cli.engine.sampling import SamplingParams
     from llogos_cli.engine.stops import StopCriteria
     from llogos_cli.tokenizer.tokenizer import Tokenizer
 
@@ -190,9 +190,8 @@ def test_engine_greedy_generation_matches_the_cpu_backend(backend):
     oracle = np.load(need(FIXTURES / "tiny-llama-q8_0.oracle.npz"))
     runs = []
     for b in (NumpyBackend(), backend):
-        session = Session(Model(f, b), 64, ("f32", "f32"))
-        gen = Generation(session, Tokenizer.from_gguf(f), oracle["greedy_prefix"].tolist(),
-                         Sampler(SamplingParams(temp=0.0), 64),
-                         StopCriteria(n_predict=len(oracle["greedy"]), ignore_eos=True))
+        gen = Generation.alone(Model(f, b), Tokenizer.from_gguf(f), 64, Request(
+            0, oracle["greedy_prefix"].tolist(), SamplingParams(temp=0.0),
+            StopCriteria(n_predict=len(oracle["greedy"]), ignore_eos=True)), ("f32", "f32"))
         runs.append([t.id for t in gen])
     assert runs[0] == runs[1] == oracle["greedy"].tolist()
