@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llogos_cli.engine.decode_graph import decode_step
 from llogos_cli.model.forward import Batch
 from llogos_cli.model.loader import load
 from llogos_cli.model.registry import resolve_model
@@ -39,7 +40,7 @@ def llogos_rows(model, n_rows: int, pp: int, tg: int, rng) -> dict:
         logits.append(model.b.argmax_rows(model.forward(cache, batch)))
     tokens = np.concatenate(logits).astype(np.int32)
     t_pp = time.perf_counter() - t0
-    decode = model.b.decoder(model, cache)
+    decode = decode_step(model, cache)
     slots = np.arange(n_rows, dtype=np.int32)
     t0 = time.perf_counter()
     for i in range(tg):

@@ -30,6 +30,7 @@ from synthetic import SPECS, RandomBytes, Spec, model_file, random_matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from llogos_cli.engine.decode_graph import decode_step  # noqa: E402
 from llogos_cli.gguf.file import GGUFFile  # noqa: E402
 from llogos_cli.model.forward import Batch, Model  # noqa: E402
 
@@ -146,7 +147,7 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
     def decode(graph: bool):
         ctx = model.new_context(n_ctx, "f16", "f16")
         token = int(b.argmax_rows(model.forward_seq(ctx, ids[:16]))[0])
-        step, slot = b.decoder(model, ctx.cache), np.zeros(1, np.int32)
+        step, slot = decode_step(model, ctx.cache), np.zeros(1, np.int32)
 
         def one(token: int) -> int:  # one id to the host per token, as generation does
             if graph:
@@ -226,7 +227,7 @@ def bench_batched(model: Model, n: int) -> dict:
     cache = model.new_cache(n, BATCH_PROMPT + BATCH_DECODE + 1, "f16", "f16")
     prompts = [Batch.run(rng.integers(2, model.cfg.n_vocab, BATCH_PROMPT), s, 0, [BATCH_PROMPT - 1]) for s in range(n)]
     per_pass = max(1, PREFILL_BATCH // BATCH_PROMPT)
-    step, slots = b.decoder(model, cache), np.arange(n, dtype=np.int32)
+    step, slots = decode_step(model, cache), np.arange(n, dtype=np.int32)
     # Capture this bucket before the clock starts (the prompts then overwrite position 0).
     step(np.zeros(n, np.int32), slots, np.zeros(n, np.int32))
     b.synchronize()

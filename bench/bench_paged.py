@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from llogos_cli.engine.decode_graph import decode_step
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.model import memory
 from llogos_cli.model.forward import Batch
@@ -45,7 +46,7 @@ def decode_tok_s(model, n_rows: int, n_ctx: int, pp: int, tg: int, paged: bool, 
     prompts = rng.integers(0, model.cfg.n_vocab, (n_rows, pp)).astype(np.int32)
     batch = Batch.join([Batch.run(prompts[r], r, 0, [pp - 1]) for r in range(n_rows)])
     tokens = model.b.argmax_rows(model.forward(cache, batch)).astype(np.int32)
-    decode = model.b.decoder(model, cache)
+    decode = decode_step(model, cache)
     slots = np.arange(n_rows, dtype=np.int32)
     t0 = time.perf_counter()
     for i in range(tg):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends import cuda_available
+from llogos_cli.engine.decode_graph import GraphDecoder
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Batch, Model
 from tests.conftest import FIXTURES, REFERENCE, assert_teacher_forced, need
@@ -72,7 +73,7 @@ def test_batched_decode_of_real_shapes_matches_the_cpu_backend(backend, real_sha
     c_cache, g_cache = cpu.new_cache(rows, 32), gpu.new_cache(rows, 32, "f32", "f32")
     want = cpu.forward(c_cache, prompts)
     assert relative(backend.to_host(gpu.forward(g_cache, prompts)), want) < 3e-3
-    step = backend.decoder(gpu, g_cache)
+    step = GraphDecoder(gpu, g_cache).step
     for _ in range(3):
         slots = rng.permutation(rows).astype(np.int32)
         tokens = rng.integers(2, cpu.cfg.n_vocab, rows).astype(np.int32)
@@ -89,7 +90,7 @@ def test_greedy_generation_matches_the_cpu_backend_but_for_near_ties(backend, re
     c_ctx, g_ctx = cpu.new_context(64, "f16", "f16"), gpu.new_context(64, "f16", "f16")
     prompt = np.array([2, 300, 4000, 12345], np.int32)
     c_logits, g_logits = cpu.forward_seq(c_ctx, prompt)[-1], gpu.forward_seq(g_ctx, prompt)
-    step, slot = backend.decoder(gpu, g_ctx.cache), np.zeros(1, np.int32)
+    step, slot = GraphDecoder(gpu, g_ctx.cache).step, np.zeros(1, np.int32)
     for n in range(24):
         want, got = int(np.argmax(c_logits)), int(backend.argmax_rows(g_logits)[0])
         if got != want:  # allowed only where the CPU's best two are within float error

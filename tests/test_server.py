@@ -368,3 +368,11 @@ def test_health_is_503_while_loading():
         assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
         r = client.post("/v1/completions", content=json.dumps({"prompt": "hi"}))
         assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+
+
+def test_metrics_report_the_engines_preemptions():
+    from llogos_cli.server.metrics import Metrics
+    m = Metrics(2)
+    m.step(2, 0, 0, 2, 1, 3)
+    lines = m.render().splitlines()
+    assert "llogos_preemptions_total 3" in lines and "# TYPE llogos_preemptions_total counter" in lines

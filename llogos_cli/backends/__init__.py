@@ -2,8 +2,8 @@
 
 Every backend implements the same methods on its own array type (NumPy on CPU, CuPy on GPU):
 
-  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · to_host(x) · decoder(model, cache)
-              load_threads · warm_up()
+  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · to_host(x) · load_threads · warm_up()
+  graphs      graphs (bool) · capture(fn) · device_input(name, values) · release_inputs(): CUDA only
   batch       batch_layout(slots, pos)
   embedding   embed(table, ids)
   arithmetic  matmul(x, w) · matmuls(x, ws) · add(a, b) · mul(a, b) · scale(x, s) · softcap(x, cap) · sigmoid(x) · silu(x)
@@ -43,8 +43,10 @@ forward pass; what it returns is handed to every layer's kv_store, attention, ss
                                  and v; gate and up), which a backend may run as one
   argmax_rows(logits)            logits (R, n_vocab) -> host int array (R,): each row's argmax,
                                  taken where the logits are
-  decoder(model, cache)          the decode step of R running rows, one token each:
-                                 step(tokens, slots, pos) -> logits (R, n_vocab) as backend arrays
+  capture(fn)                    where graphs is true: fn()'s device work recorded, not run, as
+                                 a graph to replay -> (graph, fn's result); the forward pass reads
+                                 its inputs from device_input buffers, which release_inputs hands
+                                 over to the graph (engine/decode_graph.py)
 
 The recurrence ops (Gated DeltaNet layers) work on float32 arrays and advance their state in place.
 Their states hold one region per slot, the first axis; each run of the batch reads and advances
@@ -68,6 +70,7 @@ from llogos_cli.errors import LlogosError
 BACKENDS = ("cpu", "cuda", "auto")
 CACHE_TYPES = ("f32", "f16", "q8_0")
 Q8_0_BLOCK = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][0]
+QUERY_CHUNK = 256   # a prompt chunk's queries whose attention scores a backend holds at once
 # Matrices with rows shorter than this are convolution kernels (C, K) that ssm_conv reads whole, never
 # a product: no block type has such rows, and they are too small to matter. Backends hold them
 # decoded to float32.

@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from llogos_cli.backends import check_cache_type, cuda_ops
+from llogos_cli.backends import QUERY_CHUNK, check_cache_type, cuda_ops
 from llogos_cli.backends.cuda_batch import Layout
 from llogos_cli.backends.cuda_kernels import cdiv, check
 from llogos_cli.backends.cuda_matmul import get_rows
@@ -28,7 +28,6 @@ _ROW_TYPE = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}
 ATTENTION_WARPS = 4      # ATTENTION_WARPS in attention.cu
 MAX_HEAD_DIM = 256       # MAX_HEAD_DIM in attention.cu
 FUSED_MAX_TOKENS = 16
-_QUERY_CHUNK = 256       # queries per GEMM round, bounding the score matrix
 _THREADS = 256
 
 
@@ -164,8 +163,8 @@ def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int,
     keys = get_rows(k, cache.k.reshape(-1, cache.k.shape[3]), _ROW_TYPE[cache.type_k], ids).reshape(n_kv, n, dk)
     values = get_rows(k, cache.v.reshape(-1, cache.v.shape[3]), _ROW_TYPE[cache.type_v], ids).reshape(n_kv, n, cache.dv)
     out = xp.empty((n_tok, n_head, cache.dv), np.float32)
-    for t0 in range(0, n_tok, _QUERY_CHUNK):
-        t1 = min(n_tok, t0 + _QUERY_CHUNK)
+    for t0 in range(0, n_tok, QUERY_CHUNK):
+        t1 = min(n_tok, t0 + QUERY_CHUNK)
         qc = q[t0:t1].reshape(t1 - t0, n_kv, group, dk).transpose(1, 2, 0, 3).reshape(n_kv, group * (t1 - t0), dk)
         scores = xp.matmul(qc, keys.transpose(0, 2, 1))                       # (kv, g*t, n)
         # Query t sees the keys before pos0 + t + 1, counted from `start`.

@@ -7,7 +7,7 @@ emulator in the tests.
 
 Host inputs (token ids, slots, positions) go into device buffers that are rewritten in place while
 their shape stays the same, and the kernels read slots and positions from there: a decode step
-captured in a CUDA graph (cuda_graph) replays for other rows at later positions once those buffers
+captured in a CUDA graph (engine/decode_graph) replays for other rows at later positions once those buffers
 are updated.
 """
 
@@ -30,6 +30,7 @@ from llogos_cli.gguf import quants
 
 class CudaBackend:
     name = "cuda"
+    graphs = True                # capture(fn): the runner replays decode steps from CUDA graphs
     load_threads = 1             # uploads stay on the thread that owns the CUDA context and stream
     default_cache_type = "f16"   # half the memory traffic of f32, as llama.cpp's default
 
@@ -60,10 +61,10 @@ class CudaBackend:
     def synchronize(self) -> None:
         self.k.synchronize()
 
-    def decoder(self, model, cache):
-        """The decode step of R rows of the cache, replayed from a CUDA graph per batch-size bucket."""
-        from llogos_cli.backends.cuda_graph import Decoder
-        return Decoder(model, cache).step
+    def capture(self, fn):
+        """Record the GPU work of fn() into a CUDA graph without running it: -> (graph, fn's result);
+        graph.launch() replays it (the runner's decode steps, engine/decode_graph.py)."""
+        return self.k.capture(fn)
 
     def device_input(self, name: str, values: np.ndarray):
         """Host values in the device buffer kept under `name` (a new buffer only if the shape changed)."""

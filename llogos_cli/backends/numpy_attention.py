@@ -10,15 +10,13 @@ gathered block by block into the same (rows, n_kv, positions, head_dim) shape fi
 """
 
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from llogos_cli.backends import Q8_0_BLOCK, check_cache_type
+from llogos_cli.backends import Q8_0_BLOCK, QUERY_CHUNK, check_cache_type
 from llogos_cli.errors import LlogosError
 
-# Attention scores are computed for this many query rows at a time, bounding their memory.
-_QUERY_CHUNK = 256
 _NO_SINKS = np.empty(0, np.float32)
 _ONE_ROW = np.zeros(1, np.intp)
 _ONE_ROW.flags.writeable = False
@@ -31,6 +29,24 @@ class Layout:
     pos: np.ndarray     # (T,) int32
     rows: np.ndarray    # indices of the tokens that are runs of their own (decode rows)
     runs: tuple         # (slot, t0, t1) of the longer runs (prompt chunks)
+    # What every layer would look up alike, kept at the first: where the tokens' keys go, the decode
+    # rows' slots, positions and block tables (one table array serves every layer).
+    memo: dict = field(default_factory=dict, compare=False)
+
+    def located(self, cache: "KVCache") -> tuple[np.ndarray, np.ndarray]:
+        """cache.where() of every token of the batch."""
+        key = ("where", id(cache.tables))
+        if key not in self.memo:
+            self.memo[key] = cache.where(self.slots, self.pos)
+        return self.memo[key]
+
+    def decode_rows(self, cache: "KVCache") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The decode rows' slots, positions, and block tables (an unpaged slot is one block)."""
+        key = ("rows", id(cache.tables))
+        if key not in self.memo:
+            slots, pos = self.slots[self.rows], self.pos[self.rows]
+            self.memo[key] = slots, pos, slots.reshape(-1, 1) if cache.tables is None else cache.tables[slots]
+        return self.memo[key]
 
 
 def batch_layout(slots: np.ndarray, pos: np.ndarray) -> Layout:
@@ -132,7 +148,7 @@ class AttentionOps:
         tables[row, :len(blocks)] = blocks
 
     def kv_store(self, cache: KVCache, k: np.ndarray, v: np.ndarray, layout: Layout) -> None:
-        first, at = cache.where(layout.slots, layout.pos)
+        first, at = layout.located(cache)
         if self.compiled_attention is not None and cache.type_k == "f32" == cache.type_v:
             self.compiled_store(np.ascontiguousarray(k, np.float32), np.ascontiguousarray(v, np.float32),
                                 first, at, cache.k, cache.v)
@@ -148,8 +164,7 @@ class AttentionOps:
         out = np.empty((q.shape[0], q.shape[1], cache.v.shape[3]), np.float32)
         if len(layout.rows) and self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
             rows = layout.rows
-            slots, pos = layout.slots[rows], layout.pos[rows]
-            blocks = slots.reshape(-1, 1) if cache.tables is None else cache.tables[slots]
+            _, pos, blocks = layout.decode_rows(cache)
             part = out if len(rows) == len(out) else np.empty((len(rows),) + out.shape[1:], np.float32)
             self.compiled_attention(np.ascontiguousarray(q[rows] if len(rows) < len(q) else q, np.float32),
                                     cache.k, cache.v, blocks, pos, scale, window, softcap,
@@ -217,8 +232,8 @@ def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, sca
     n = pos0 + T
     keys, values = k_cache[:, :n], v_cache[:, :n]
     out = np.empty((T, H, v_cache.shape[2]), np.float32)
-    for t0 in range(0, T, _QUERY_CHUNK):
-        t1 = min(T, t0 + _QUERY_CHUNK)
+    for t0 in range(0, T, QUERY_CHUNK):
+        t1 = min(T, t0 + QUERY_CHUNK)
         qc = q[t0:t1].reshape(t1 - t0, n_kv, group, dk).transpose(1, 2, 0, 3)   # (kv, g, t, dk)
         scores = (qc.reshape(n_kv, group * (t1 - t0), dk) @ keys.transpose(0, 2, 1)) * np.float32(scale)
         _softcap(scores, softcap)

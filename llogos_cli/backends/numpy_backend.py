@@ -50,6 +50,7 @@ class Matrix:
 
 class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
     name = "cpu"
+    graphs = False               # no capture: the runner runs each decode step eagerly
     default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to
 
     def __init__(self, weights: str = "f32", batched: bool = False, threads: CpuThreads | None = None):
@@ -141,10 +142,6 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         # Once per forward pass: the step's thread count follows from how many tokens it runs.
         self.threads.for_step(len(slots))
         return super().batch_layout(slots, pos)
-
-    def decoder(self, model, cache):
-        """The decode step of R rows of the cache, one token each: -> logits (R, n_vocab)."""
-        return lambda tokens, slots, pos: model.forward_rows(cache, tokens, slots, pos)
 
     def synchronize(self) -> None:
         pass

@@ -1,8 +1,9 @@
 """Turns a step's work into one forward pass over the cache, and samples every row that needs it.
 
-A step of decode rows only (one token each) goes through the backend's decoder, which on a GPU
-replays a CUDA graph; a step with prompt chunks runs the forward pass eagerly. Plain greedy rows
-take their argmax where the logits are; only the other rows' logits cross to the host.
+A step of decode rows only (one token each) is replayed from a CUDA graph where the backend
+captures them (engine/decode_graph.py); a step with prompt chunks runs the forward pass eagerly.
+Plain greedy rows take their argmax where the logits are; only the other rows' logits cross to
+the host.
 The cache's KV is a pool of n_blocks blocks of BLOCK_SIZE positions, and the runner writes each
 row's block table into the cache's block_tables before a step (in place: a captured decode graph
 reads them); rows that share a prefix read the same blocks. Before the pass it carries out what the scheduler
@@ -11,6 +12,7 @@ decided for a row's slot: a fresh start, a recurrent state restored or marked, a
 
 import numpy as np
 
+from llogos_cli.engine.decode_graph import decode_step
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.engine.scheduler import Work
 from llogos_cli.model.forward import Batch, Model
@@ -22,7 +24,7 @@ class ModelRunner:
         self.model = model
         self.cache = model.new_cache(n_slots, n_ctx, *cache_types, n_blocks=n_blocks, block_size=BLOCK_SIZE)
         self._written: dict[int, list[int]] = {}   # slot -> the table last written there (a copy to the GPU)
-        self._decode = model.b.decoder(model, self.cache)
+        self._decode = decode_step(model, self.cache)
 
     def run(self, work: list[Work]) -> list[tuple[int, list | None]]:
         """Evaluate the work; the next (token id, top logprobs) of each item that samples, in order."""

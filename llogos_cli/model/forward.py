@@ -107,7 +107,7 @@ class Model:
         return b.add(x, h)
 
     def forward_rows(self, cache: "Cache", tokens, slots, pos):
-        """Decode rows, one token each (what a backend's decoder steps): -> logits (R, n_vocab)."""
+        """Decode rows, one token each (the engine's decode step): -> logits (R, n_vocab)."""
         return self.forward(cache, Batch(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                          np.asarray(pos, np.int32), np.arange(len(tokens))))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends import CPU_DOT_TYPES
+from llogos_cli.backends import CPU_DOT_TYPES, QUERY_CHUNK
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig
@@ -31,7 +31,6 @@ F32_MAX_WEIGHTS = 200_000_000
 # or are preempted instead of driving the machine into swap.
 KV_POOL_SHARE = 0.5
 PREFILL_BATCH = 512      # tokens of one engine step (-b/--batch-size), the activations a prefill holds
-QUERY_CHUNK = 256        # query rows whose attention scores the CPU holds at once
 # Bytes per cached element: the CPU holds q8_0 entries as float32 after rounding, CUDA packs them.
 _KV_BYTES = {"cpu": {"f32": 4, "f16": 2, "q8_0": 4}, "cuda": {"f32": 4, "f16": 2, "q8_0": 34 / 32}}
 

@@ -96,7 +96,9 @@ class EngineThread:
             if not self.engine.idle:
                 step, generated, prompt, cached = self._step()
                 out += step
-            self.metrics.step(generated, prompt, cached, len(self.engine.scheduler.running), self.engine.n_waiting)
+            scheduler = self.engine.scheduler
+            self.metrics.step(generated, prompt, cached, len(scheduler.running), self.engine.n_waiting,
+                              scheduler.n_preempted)
             if out:
                 self._loop.call_soon_threadsafe(_deliver, out)
             if self.engine.idle:

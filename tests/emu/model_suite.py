@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends import cuda_matmul
-from llogos_cli.backends.cuda_graph import Decoder
+from llogos_cli.engine.decode_graph import GraphDecoder
 from llogos_cli.backends.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -125,7 +125,7 @@ def test_decoder_replays_eager_decoding(backend, name):
     rng = np.random.default_rng(4)
     lengths = [5, 2, 7]
     eager, graphed = prefilled_caches(gpu, 2, [rng.integers(0, gpu.cfg.n_vocab, n).astype(np.int32) for n in lengths])
-    step = backend.decoder(gpu, graphed)
+    step = GraphDecoder(gpu, graphed).step
     # Past position 8 the window of gemma3's local layers starts sliding.
     for slots in ([2, 0, 1], [1, 2], [0, 1, 2], [2, 1], [1, 0, 2], [0, 2, 1], [2, 0]):
         tokens = rng.integers(0, gpu.cfg.n_vocab, len(slots)).astype(np.int32)
@@ -141,7 +141,7 @@ def test_decoder_runs_rows_past_its_largest_bucket_in_chunks(backend):
     _, gpu = model_pair("tiny-llama-q8_0", backend)
     prompts = [np.arange(n, dtype=np.int32) + 3 for n in (3, 1, 4)]
     eager, graphed = prefilled_caches(gpu, 2, prompts)
-    decoder = Decoder(gpu, graphed, buckets=(1, 2))
+    decoder = GraphDecoder(gpu, graphed, buckets=(1, 2))
     tokens, slots, pos = np.array([5, 6, 7], np.int32), np.array([1, 2, 0], np.int32), np.array([1, 4, 3], np.int32)
     got = backend.to_host(decoder.step(tokens, slots, pos))
     want = backend.to_host(gpu.forward_rows(eager, tokens, slots, pos))
@@ -155,7 +155,7 @@ def test_decoder_replays_gemm_buckets(backend):
     size, rows = cuda_matmul.GEMM_MIN_TOKENS, cuda_matmul.GEMM_MIN_TOKENS - 5
     rng = np.random.default_rng(8)
     eager, graphed = prefilled_caches(gpu, 2, [rng.integers(0, gpu.cfg.n_vocab, 2).astype(np.int32)] * rows)
-    decoder = Decoder(gpu, graphed, buckets=(size,))
+    decoder = GraphDecoder(gpu, graphed, buckets=(size,))
     for step in range(2):
         slots = rng.permutation(rows).astype(np.int32)
         tokens, pos = rng.integers(0, gpu.cfg.n_vocab, rows).astype(np.int32), np.full(rows, 2 + step, np.int32)
@@ -168,7 +168,7 @@ def test_decoder_replays_gemm_buckets(backend):
 
 def test_decoder_rejects_bad_rows(backend):
     _, gpu = model_pair("tiny-llama-q8_0", backend)
-    step = backend.decoder(gpu, gpu.new_cache(2, 8))
+    step = GraphDecoder(gpu, gpu.new_cache(2, 8)).step
     for tokens, slots, pos, message in (([1, 2], [0, 0], [0, 0], "distinct slots"),
                                         ([1], [2], [0], "distinct slots"),   # the pad slot is not a row's
                                         ([1], [0], [8], "context is full"),

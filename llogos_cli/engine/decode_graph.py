@@ -1,14 +1,17 @@
 """Decode steps replayed from CUDA graphs: one launch per step instead of hundreds.
 
-A decode step of a small model is bound by launch overhead, not by memory: SmolLM2-135M reads
-~100 MB per token (~35 µs at H100 bandwidth) but launches ~400 kernels (~5 µs each from Python).
-A step of R rows (one token each, of R sequences) is padded to the next bucket size with rows at
-the cache's scratch pad_slot, position 0, and each bucket is captured once, on first use. Later
-steps write their tokens, slots and positions into the device buffers the captured kernels read,
-and replay. Everything else a step touches is fixed at capture: the weights, the cache, and the
+The runner's graph capture (nano-vllm's capture_cudagraph): a decode step of a small model is bound
+by kernel launches, not by memory, so the step's launches are recorded once and replayed. A step of
+R rows (one token each, of R sequences) is padded to the next bucket size with rows at the
+cache's scratch pad_slot, position 0, and each bucket is captured once, on first use. Later steps
+write their tokens, slots and positions into the device buffers the captured kernels read, and
+replay. Everything else a step touches is fixed at capture: the weights, the cache, and the
 intermediates, which the capture keeps alive. The launches of a bucket's step are the same
-whatever rows it holds (cuda_batch), which is what makes the replay valid.
+whatever rows it holds (cuda_batch), which is what makes the replay valid. The backend offers
+only the primitives: capture(fn), device_input(name, values), release_inputs().
 """
+
+import functools
 
 import numpy as np
 
@@ -17,7 +20,15 @@ from llogos_cli.errors import LlogosError
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
-class Decoder:
+def decode_step(model, cache):
+    """The decode step of R rows of the cache, one token each: step(tokens, slots, pos) -> logits
+    (R, n_vocab) as backend arrays; replayed from CUDA graphs where the backend captures them."""
+    if model.b.graphs:
+        return GraphDecoder(model, cache).step
+    return functools.partial(model.forward_rows, cache)
+
+
+class GraphDecoder:
     """step(tokens, slots, pos) -> logits (R, n_vocab) of one decode step of a cache's rows."""
 
     def __init__(self, model, cache, buckets: tuple[int, ...] = BUCKETS):
@@ -76,7 +87,7 @@ class _BucketGraph:
         # them over, and the backend uses new ones from then on.
         self.ids, self.slots, self.pos = (b.device_input(name, a) for name, a in
                                           (("ids", tokens), ("slots", slots), ("pos", pos)))
-        self._graph, self.logits = b.k.capture(lambda: model.forward_rows(cache, tokens, slots, pos))
+        self._graph, self.logits = b.capture(lambda: model.forward_rows(cache, tokens, slots, pos))
         b.release_inputs()
         self._xp = b.xp
 
