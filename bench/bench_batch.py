@@ -37,14 +37,14 @@ def llogos_rows(model, n_rows: int, pp: int, tg: int, rng) -> dict:
     for r0 in range(0, n_rows, rows_per_pass):
         rows = range(r0, min(n_rows, r0 + rows_per_pass))
         batch = Batch.join([Batch.run(prompts[r], r, 0, [pp - 1]) for r in rows])
-        logits.append(model.b.argmax_rows(model.forward(cache, batch)))
+        logits.append(model.backend.argmax_rows(model.forward(cache, batch)))
     tokens = np.concatenate(logits).astype(np.int32)
     t_pp = time.perf_counter() - t0
     decode = decode_step(model, cache)
     slots = np.arange(n_rows, dtype=np.int32)
     t0 = time.perf_counter()
     for i in range(tg):
-        tokens = model.b.argmax_rows(decode(tokens, slots, np.full(n_rows, pp + i, np.int32))).astype(np.int32)
+        tokens = model.backend.argmax_rows(decode(tokens, slots, np.full(n_rows, pp + i, np.int32))).astype(np.int32)
     t_tg = time.perf_counter() - t0
     return {"rows": n_rows, "pp_tok_s": n_rows * pp / t_pp, "tg_tok_s": n_rows * tg / t_tg,
             "total_tok_s": n_rows * (pp + tg) / (t_pp + t_tg),

@@ -60,7 +60,7 @@ class KernelTimes:
     """GPU time per kernel name over the launches made inside `with`, from CUDA events."""
 
     def __init__(self, backend):
-        self.k, self.records = backend.k, []
+        self.k, self.records = backend.kernels, []
 
     def __enter__(self):
         import cupy
@@ -114,7 +114,7 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), rows: 
             x = cupy.asarray(src.rng.standard_normal((n, cols), np.float32))
             y = cupy.empty((n, rows), np.float32)
             # The first round of the four copies compiles and warms up.
-            ms = median_gpu_ms(lambda i: cuda_matmul.matvec(b.k, x, copies[i % 4], y), reps, warmup=4)
+            ms = median_gpu_ms(lambda i: cuda_matmul.matvec(b.kernels, x, copies[i % 4], y), reps, warmup=4)
             gb_s = copies[0].raw.nbytes / ms / 1e6
             out.append({"type": qtype.name, "rows": rows, "cols": cols, "tokens": n, "us": 1e3 * ms,
                         "GB_s": gb_s, "bandwidth_fraction": gb_s / bandwidth})
@@ -222,7 +222,7 @@ def bench_batched(model: Model, n: int) -> dict:
     """n sequences of BATCH_PROMPT tokens each, prefilled in batches of whole prompts up to
     PREFILL_BATCH tokens, then BATCH_DECODE greedy steps of n rows from the decoder's CUDA graphs;
     aggregate tok/s of each phase (llama-batched-bench's S_PP and S_TG)."""
-    b = model.b
+    b = model.backend
     rng = np.random.default_rng(n)
     cache = model.new_cache(n, BATCH_PROMPT + BATCH_DECODE + 1, "f16", "f16")
     prompts = [Batch.run(rng.integers(2, model.cfg.n_vocab, BATCH_PROMPT), s, 0, [BATCH_PROMPT - 1]) for s in range(n)]

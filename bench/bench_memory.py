@@ -43,7 +43,7 @@ def context_bytes(cfg: ModelConfig, n_ctx: int, cache_type: str) -> tuple[int, i
     """(KV cache bytes, recurrent state bytes) of one sequence, as new_cache allocates them: a
     cache of one slot holds a second, the scratch pad slot, which is not the sequence's."""
     model = Model.__new__(Model)   # new_cache needs only the config and a backend, not weights
-    model.cfg, model.b = cfg, NumpyBackend()
+    model.cfg, model.backend = cfg, NumpyBackend()
     cache = model.new_cache(1, n_ctx, cache_type, cache_type)
     regions = cache.n_slots + 1
     kv = sum(c.k.nbytes + c.v.nbytes for c in cache.kv if c is not None)

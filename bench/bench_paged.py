@@ -45,12 +45,12 @@ def decode_tok_s(model, n_rows: int, n_ctx: int, pp: int, tg: int, paged: bool, 
         cache = model.new_cache(n_rows, n_ctx)
     prompts = rng.integers(0, model.cfg.n_vocab, (n_rows, pp)).astype(np.int32)
     batch = Batch.join([Batch.run(prompts[r], r, 0, [pp - 1]) for r in range(n_rows)])
-    tokens = model.b.argmax_rows(model.forward(cache, batch)).astype(np.int32)
+    tokens = model.backend.argmax_rows(model.forward(cache, batch)).astype(np.int32)
     decode = decode_step(model, cache)
     slots = np.arange(n_rows, dtype=np.int32)
     t0 = time.perf_counter()
     for i in range(tg):
-        tokens = model.b.argmax_rows(decode(tokens, slots, np.full(n_rows, pp + i, np.int32))).astype(np.int32)
+        tokens = model.backend.argmax_rows(decode(tokens, slots, np.full(n_rows, pp + i, np.int32))).astype(np.int32)
     return n_rows * tg / (time.perf_counter() - t0)
 
 

@@ -51,7 +51,7 @@ def child(path: str, mode: str, n_tg: int) -> dict:
     timings = run(ids, n_tg + 1)   # the first token comes from the prefill; n_tg decode steps follow
     pp = timings.prompt_n / timings.prompt_ms * 1e3
     tg = timings.eval_runs / timings.predicted_ms * 1e3
-    return {"mode": model.b.weights, "note": m.memory, "load_s": load_s, "pp": pp, "tg": tg,
+    return {"mode": model.backend.weights, "note": m.memory, "load_s": load_s, "pp": pp, "tg": tg,
             "weight_bytes": model.weight_bytes,
             "weights": sum(int(np.prod(t.shape)) for n, t in m.source.file.tensors.items()
                            if len(t.shape) == 2 and (n != "token_embd.weight" or model.cfg.output == n)),

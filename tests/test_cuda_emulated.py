@@ -45,7 +45,7 @@ def test_half_conversions_match_numpy_bit_for_bit(backend):
                               1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, np.inf, -np.inf]]).astype(np.float32)
     floats = floats[:floats.size // 4 * 4]
     out = np.empty((1, floats.size), np.float16)
-    cuda_matmul.dequantize(backend.k, floats.view(np.uint8).reshape(1, -1), T.F32, out)
+    cuda_matmul.dequantize(backend.kernels, floats.view(np.uint8).reshape(1, -1), T.F32, out)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(out[0].view(np.uint16), floats.astype(np.float16).view(np.uint16))
 
@@ -86,14 +86,14 @@ def test_barriers_synchronize_threads(kernels):
 def test_long_prompts_take_the_gemm_paths(backend):
     cpu, gpu = model_pair("tiny-gemma3-q8_0", backend)
     ids = np.random.default_rng(3).integers(0, cpu.cfg.n_vocab, cuda_matmul.GEMM_MIN_TOKENS)
-    backend.k.launched.clear()
+    backend.kernels.launched.clear()
     gpu.forward_seq(gpu.new_context(64, "f16", "f16"), ids, all_logits=True)  # the LM head too
-    assert {"dequantize_q8_0", "softmax_lengths_f32", "get_rows_f16"} <= set(backend.k.launched)
-    assert not {"matvec_q8_0", "matvec_batch_q8_0", "attention_f16_f16"} & set(backend.k.launched)
-    backend.k.launched.clear()
+    assert {"dequantize_q8_0", "softmax_lengths_f32", "get_rows_f16"} <= set(backend.kernels.launched)
+    assert not {"matvec_q8_0", "matvec_batch_q8_0", "attention_f16_f16"} & set(backend.kernels.launched)
+    backend.kernels.launched.clear()
     gpu.forward_seq(gpu.new_context(64, "f16", "f16"), ids[:FUSED_MAX_TOKENS])
-    assert {"matvec_batch_q8_0", "matvec_q8_0", "attention_f16_f16"} <= set(backend.k.launched)  # the LM head: one token
-    assert not {"dequantize_q8_0", "softmax_lengths_f32"} & set(backend.k.launched)
+    assert {"matvec_batch_q8_0", "matvec_q8_0", "attention_f16_f16"} <= set(backend.kernels.launched)  # the LM head: one token
+    assert not {"dequantize_q8_0", "softmax_lengths_f32"} & set(backend.kernels.launched)
 
 
 def test_decode_rows_take_one_launch_per_op(backend):
@@ -103,12 +103,12 @@ def test_decode_rows_take_one_launch_per_op(backend):
     rows = FUSED_MAX_TOKENS + 4
     cache = gpu.new_cache(rows, 8, "f16", "f16")
     slots = np.random.default_rng(5).permutation(rows).astype(np.int32)
-    backend.k.launched.clear()
+    backend.kernels.launched.clear()
     gpu.forward_rows(cache, np.arange(rows, dtype=np.int32), slots, np.zeros(rows, np.int32))
     recurrent = sum(gpu.cfg.recurrent)
-    count = {name: backend.k.launched.count(name) for name in ("attention_f16_f16", "ssm_conv_f32", "delta_net_f32")}
+    count = {name: backend.kernels.launched.count(name) for name in ("attention_f16_f16", "ssm_conv_f32", "delta_net_f32")}
     assert count == {"attention_f16_f16": gpu.cfg.n_layer - recurrent, "ssm_conv_f32": recurrent, "delta_net_f32": recurrent}
-    assert "softmax_lengths_f32" not in backend.k.launched
+    assert "softmax_lengths_f32" not in backend.kernels.launched
 
 
 def test_batch_layout_splits_runs_and_groups_equal_ones(backend):

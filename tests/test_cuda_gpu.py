@@ -174,7 +174,7 @@ def test_smollm2_logprobs_match_transformers(smollm2):
     as on the CPU; a whole prompt at once (f16 tensor-core products) within 5e-2, with llama.cpp's
     decisive top-1."""
     m, ref = smollm2
-    b = m.model.b
+    b = m.model.backend
     for case in ref["generation"]:
         prompt, generated = case["prompt_ids"], case["llamacpp"]["generated_ids"]
         ids = np.asarray(prompt + generated, np.int32)

@@ -63,7 +63,7 @@ def test_f32_that_does_not_fit_suggests_quantized_and_auto_takes_it(tiny, monkey
     with pytest.raises(LlogosError, match="--cpu-weights quantized"):
         loader.load(str(TINY), "cpu", "f32", n_ctx=256)
     loaded = loader.load(str(TINY), "cpu", "auto", n_ctx=256)
-    assert loaded.model.b.weights == "quantized" and "quantized" in loaded.memory
+    assert loaded.model.backend.weights == "quantized" and "quantized" in loaded.memory
 
 
 def test_auto_reads_blocks_for_one_sequence_and_expands_a_small_batched_model_with_room(tiny, monkeypatch):

@@ -77,7 +77,7 @@ def test_cuda_rows_decode_bit_for_bit(emulated, qtype):
     them to float16 and the products sum them: op_suite checks those)."""
     raw = _rows(qtype, 9, 3, 5)
     ids = np.array([8, 0, 3, 3, 5], np.int32)
-    got = emulated.to_host(cuda_matmul.get_rows(emulated.k, emulated.xp.asarray(raw), qtype, ids))
+    got = emulated.to_host(cuda_matmul.get_rows(emulated.kernels, emulated.xp.asarray(raw), qtype, ids))
     np.testing.assert_array_equal(got.view(np.uint32), _reference(raw, qtype)[ids].view(np.uint32))
 
 

@@ -26,7 +26,7 @@ from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import drop_pages
 
 MATVEC_MAX_TOKENS = 4    # float32 activations
-PACK_BYTES = 16 << 20   # a matrix is repacked this much at a time, so that its two copies are never both whole in memory
+PACK_BYTES = 4 << 20    # a matrix is repacked this much at a time, so that its two copies are never both whole in memory
 ROUTES_KEPT = 1024       # lists of matrices whose routes are kept (a model's own lists are a few hundred)
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
 INT16_BLOCK = 256              # activations share one scale per this many elements (a K-quant block)

@@ -38,7 +38,7 @@ class CudaBackend:
         if kernels is None:
             from llogos_cli.backends.cuda_kernels import CudaKernels
             kernels = CudaKernels()
-        self.k, self.xp = kernels, kernels.xp
+        self.kernels, self.xp = kernels, kernels.xp
         self._scratch = Scratch(self.xp)
         self._inputs: dict[str, tuple[np.ndarray, object]] = {}  # name -> (host copy, device buffer)
         self._ones: dict[int, object] = {}                       # rope factors of models without any
@@ -56,15 +56,15 @@ class CudaBackend:
         """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
 
     def to_host(self, x) -> np.ndarray:
-        return self.k.to_host(x)
+        return self.kernels.to_host(x)
 
     def synchronize(self) -> None:
-        self.k.synchronize()
+        self.kernels.synchronize()
 
     def capture(self, fn):
         """Record the GPU work of fn() into a CUDA graph without running it: -> (graph, fn's result);
         graph.launch() replays it (the runner's decode steps, engine/decode_graph.py)."""
-        return self.k.capture(fn)
+        return self.kernels.capture(fn)
 
     def device_input(self, name: str, values: np.ndarray):
         """Host values in the device buffer kept under `name` (a new buffer only if the shape changed)."""
@@ -96,40 +96,40 @@ class CudaBackend:
         ids = np.asarray(ids, np.int32).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= table.rows):
             raise LlogosError(f"token id outside the vocabulary [0, {table.rows})")
-        return get_rows(self.k, table.raw, table.qtype, self.device_input("ids", ids))
+        return get_rows(self.kernels, table.raw, table.qtype, self.device_input("ids", ids))
 
     def matmul(self, x, w: QuantMatrix):
-        return matmul(self.k, self._c(x), w, self._scratch)
+        return matmul(self.kernels, self._c(x), w, self._scratch)
 
     def matmuls(self, x, ws: list[QuantMatrix]) -> list:
         return [self.matmul(x, w) for w in ws]
 
     def add(self, a, b):
-        return cuda_ops.add(self.k, self._c(a), self._c(b))
+        return cuda_ops.add(self.kernels, self._c(a), self._c(b))
 
     def mul(self, a, b):
-        return cuda_ops.mul(self.k, self._c(a), self._c(b))
+        return cuda_ops.mul(self.kernels, self._c(a), self._c(b))
 
     def scale(self, x, s: float):
-        return cuda_ops.scale(self.k, self._c(x), s)
+        return cuda_ops.scale(self.kernels, self._c(x), s)
 
     def softcap(self, x, cap: float):
-        return cuda_ops.softcap(self.k, self._c(x), cap)
+        return cuda_ops.softcap(self.kernels, self._c(x), cap)
 
     def sigmoid(self, x):
-        return cuda_ops.sigmoid(self.k, self._c(x))
+        return cuda_ops.sigmoid(self.kernels, self._c(x))
 
     def silu(self, x):
-        return cuda_ops.silu(self.k, self._c(x))
+        return cuda_ops.silu(self.kernels, self._c(x))
 
     def softplus(self, x):
-        return cuda_ops.softplus(self.k, self._c(x))
+        return cuda_ops.softplus(self.kernels, self._c(x))
 
     def rmsnorm(self, x, w, eps: float):
-        return cuda_ops.rmsnorm(self.k, self._c(x), w, eps)
+        return cuda_ops.rmsnorm(self.kernels, self._c(x), w, eps)
 
     def l2norm(self, x, eps: float):
-        return cuda_ops.l2norm(self.k, self._c(x), eps)
+        return cuda_ops.l2norm(self.kernels, self._c(x), eps)
 
     def rope(self, x, pos: np.ndarray, dims: int, base: float, freq_scale: float, neox: bool, factors=None,
              attn_factor: float = 1.0):
@@ -141,26 +141,26 @@ class CudaBackend:
             factors = self._ones.get(dims // 2)
             if factors is None:
                 factors = self._ones[dims // 2] = self.xp.ones(dims // 2, np.float32)
-        return cuda_ops.rope(self.k, self._c(x), pos, factors, dims, base, freq_scale, neox, attn_factor)
+        return cuda_ops.rope(self.kernels, self._c(x), pos, factors, dims, base, freq_scale, neox, attn_factor)
 
     def glu(self, gate, up, gelu: bool):
-        return cuda_ops.glu(self.k, self._c(gate), self._c(up), gelu)
+        return cuda_ops.glu(self.kernels, self._c(gate), self._c(up), gelu)
 
     # ---------------------------------------------------------------- mixture of experts
     def route(self, logits, k: int, normalize: bool = True):
         """Each token's k most probable experts (T, k) and their probabilities (T, k), renormalised if normalize."""
-        return cuda_experts.route(self.k, self._c(logits), k, normalize)
+        return cuda_experts.route(self.kernels, self._c(logits), k, normalize)
 
     def scale_rows(self, x, s):
-        return cuda_experts.scale_rows(self.k, self._c(x), self._c(s))
+        return cuda_experts.scale_rows(self.kernels, self._c(x), self._c(s))
 
     def matmul_experts(self, x, w: QuantMatrix, experts, n_expert: int, weights=None, bias=None):
         """x through each token's experts of the stacked w (plus their bias) -> (T, k, out); with
         weights, summed -> (T, out)."""
-        return cuda_experts.matmul_experts(self.k, self._c(x), w, experts, n_expert, weights, bias)
+        return cuda_experts.matmul_experts(self.kernels, self._c(x), w, experts, n_expert, weights, bias)
 
     def swiglu_oai(self, gate, up, alpha: float, limit: float):
-        return cuda_experts.swiglu_oai(self.k, self._c(gate), self._c(up), alpha, limit)
+        return cuda_experts.swiglu_oai(self.kernels, self._c(gate), self._c(up), alpha, limit)
 
     # ---------------------------------------------------------------- attention
     def kv_cache(self, n_slots: int, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
@@ -178,12 +178,12 @@ class CudaBackend:
         tables[row, :len(blocks)] = self.xp.asarray(np.asarray(blocks, np.int32))
 
     def kv_store(self, cache: KVCache, k, v, layout: Layout) -> None:
-        cuda_attention.kv_store(self.k, cache, self._c(k), self._c(v), layout)
+        cuda_attention.kv_store(self.kernels, cache, self._c(k), self._c(v), layout)
 
     def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0,
                   sinks=None):
         """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv)."""
-        return cuda_attention.attention(self.k, self._c(q), cache, layout, scale, window, softcap, sinks)
+        return cuda_attention.attention(self.kernels, self._c(q), cache, layout, scale, window, softcap, sinks)
 
     # ---------------------------------------------------------------- recurrence (Gated DeltaNet, LFM2)
     def zeros(self, shape: tuple[int, ...]):
@@ -192,15 +192,15 @@ class CudaBackend:
     def ssm_conv(self, x, conv_state, w, layout: Layout):
         """Causal depthwise convolution of x (T, C), each run after its slot's conv_state (n_slots,
         K-1, C), advanced in place, with the kernel w (C, K) that matrix() holds as float32; -> (T, C)."""
-        return cuda_recurrent.ssm_conv(self.k, self._c(x), conv_state, w, layout)
+        return cuda_recurrent.ssm_conv(self.kernels, self._c(x), conv_state, w, layout)
 
     def delta_net(self, q, k, v, g, beta, state, layout: Layout):
         """Gated delta rule, each run advancing its slot's state (n_slots, Hv, dv, dk) in place;
         -> (T, Hv, dv)."""
         c = self._c
-        return cuda_recurrent.delta_net(self.k, c(q), c(k), c(v), c(g), c(beta), state, layout)
+        return cuda_recurrent.delta_net(self.kernels, c(q), c(k), c(v), c(g), c(beta), state, layout)
 
     # ---------------------------------------------------------------- sampling
     def argmax_rows(self, logits) -> np.ndarray:
         """Each row's argmax, taken on the device: only R ints cross to the host."""
-        return self.to_host(cuda_ops.argmax_rows(self.k, self._c(logits)))
+        return self.to_host(cuda_ops.argmax_rows(self.kernels, self._c(logits)))

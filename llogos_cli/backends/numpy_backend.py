@@ -22,7 +22,7 @@ from llogos_cli.backends.numpy_experts import ExpertOps
 from llogos_cli.backends.numpy_recurrent import RecurrentOps
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
-from llogos_cli.gguf.file import drop_pages
+from llogos_cli.gguf.file import drop_pages, drop_rows
 
 WEIGHTS = ("f32", "quantized")
 # Products of 2 to this many rows (prompt chunks; with batched, decode steps of several rows):
@@ -30,6 +30,10 @@ WEIGHTS = ("f32", "quantized")
 # repacks them on every call (about 2.6 GEMVs at 16 rows), which cpu_rows' kernel does not
 # (docs/PERF.md). One row is a GEMV; from here on x·Wᵀ is as fast and keeps the result C-ordered.
 _FEW_ROWS = 64
+# Embedding tables past this size give back the file pages a lookup mapped (drop_rows): smaller
+# ones (SmolLM2's 18 MB) stay mapped, which costs less than the ~50 µs a drop takes.
+DROP_ROWS_BYTES = 64 << 20
+DROP_ROWS_EVERY = 8
 
 
 @dataclass(slots=True)
@@ -150,11 +154,19 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
     def embed(self, table: Matrix, ids: np.ndarray) -> np.ndarray:
         if table.dense is not None:
             return table.dense[ids]
+        if table.raw.nbytes > DROP_ROWS_BYTES:   # what reading a row maps of the file runs to ~1 MB: a few at a time
+            rows = np.empty((len(ids), table.raw.shape[1]), np.uint8)
+            for i in range(0, len(ids), DROP_ROWS_EVERY):
+                part = ids[i:i + DROP_ROWS_EVERY]
+                rows[i:i + len(part)] = table.raw[part]
+                drop_rows(table.raw, part)
+        else:
+            rows = table.raw[ids]
         if self._jit and table.qtype in self._dequant.TYPES:
             out = np.empty((len(ids), quants.row_elements(table.raw, table.qtype)), np.float32)
-            self._dequant.dequantize_rows(table.raw[ids], int(table.qtype), out)
+            self._dequant.dequantize_rows(rows, int(table.qtype), out)
             return out
-        return quants.dequantize(table.raw[ids], table.qtype)
+        return quants.dequantize(rows, table.qtype)
 
     def matmul(self, x: np.ndarray, w: Matrix) -> np.ndarray:
         if w.dense is not None:

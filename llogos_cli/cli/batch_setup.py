@@ -36,4 +36,4 @@ def set_up(o: dict, seed: int) -> BatchSetup:
     n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
     m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"], threads=threads(o))
     engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"])
-    return BatchSetup(tok, chat, defaults, engine, f"{o['parallel']} slots of {n_ctx} tokens on {m.model.b.name}")
+    return BatchSetup(tok, chat, defaults, engine, f"{o['parallel']} slots of {n_ctx} tokens on {m.model.backend.name}")

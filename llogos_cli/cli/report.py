@@ -26,5 +26,5 @@ def print_stats(loaded: Loaded, t: Timings, seed: int | None = None) -> None:
     if t.eval_runs and t.predicted_ms > 0:
         gbps = weight_bytes * t.eval_runs / (t.predicted_ms / 1e3) / 1e9
         lines.append(f"decode bandwidth = {gbps:10.2f} GB/s ({weight_bytes / 1e6:.0f} MB of "
-                     f"{loaded.model.b.name} weights read per token)")
+                     f"{loaded.model.backend.name} weights read per token)")
     err.print("\n" + "\n".join(lines), highlight=False, markup=False, soft_wrap=True)

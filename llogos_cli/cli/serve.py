@@ -99,7 +99,7 @@ def serve(**o):
         thread.start()
         hub.service = Service(thread, tok, chat, Defaults(params, o["n_predict"]), n_ctx)
         slots = f"{o['parallel']} slot{'s' if o['parallel'] > 1 else ''}"
-        err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.b.name}, {slots} of {n_ctx} tokens)",
+        err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.backend.name}, {slots} of {n_ctx} tokens)",
                   markup=False, highlight=False, soft_wrap=True)
 
     def close():

@@ -268,7 +268,7 @@ class BatchEngine:
 def _kv_pool_blocks(model: Model, cache_types: tuple[str | None, str | None], n_slots: int, n_ctx: int,
                     prefix_cache_bytes: int) -> int:
     """Blocks of the KV pool (see memory.kv_pool_blocks)."""
-    b = model.b
+    b = model.backend
     return memory.kv_pool_blocks(model.cfg, "cuda" if b.name == "cuda" else "cpu",
                                  cache_types[0] or b.default_cache_type, cache_types[1] or b.default_cache_type,
                                  BLOCK_SIZE, n_slots, n_ctx, prefix_cache_bytes)

@@ -23,7 +23,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 def decode_step(model, cache):
     """The decode step of R rows of the cache, one token each: step(tokens, slots, pos) -> logits
     (R, n_vocab) as backend arrays; replayed from CUDA graphs where the backend captures them."""
-    if model.b.graphs:
+    if model.backend.graphs:
         return GraphDecoder(model, cache).step
     return functools.partial(model.forward_rows, cache)
 
@@ -43,7 +43,7 @@ class GraphDecoder:
         if len(tokens) <= most:
             return self._replay(tokens, slots, pos)
         # More rows than the largest bucket: in chunks of it, each copied out before the next replay.
-        out = self.model.b.xp.empty((len(tokens), self.model.cfg.n_vocab), np.float32)
+        out = self.model.backend.xp.empty((len(tokens), self.model.cfg.n_vocab), np.float32)
         for r0 in range(0, len(tokens), most):
             r = slice(r0, r0 + most)
             out[r] = self._replay(tokens[r], slots[r], pos[r])
@@ -76,7 +76,7 @@ class _BucketGraph:
     """The captured step of `size` rows."""
 
     def __init__(self, model, cache, size: int):
-        b = model.b
+        b = model.backend
         tokens, slots, pos = np.zeros(size, np.int32), np.full(size, cache.pad_slot, np.int32), np.zeros(size, np.int32)
         # First one step run eagerly, on padding rows (they write only the scratch slot): it compiles
         # the kernels and makes the buffers the backend keeps and grows on demand (dequantization

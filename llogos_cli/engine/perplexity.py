@@ -58,7 +58,7 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
             skip = max(0, first - start)
             logits = model.forward_seq(ctx, piece, all_logits=skip < len(piece), logits_from=skip)
             if skip < len(piece):
-                rows.append(model.b.to_host(logits))
+                rows.append(model.backend.to_host(logits))
         logits = np.concatenate(rows)[:-1]                                   # (n_ctx - 1 - first, vocab)
         nlls = -token_logprobs(logits, chunk[first + 1:])                  # (n_ctx - 1 - first,)
         nll += float(nlls.sum())

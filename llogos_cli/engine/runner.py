@@ -42,7 +42,7 @@ class ModelRunner:
             if row.mark_at == w.start:
                 row.mark = (w.start, self.cache.snapshot(row.slot))
             if self._written.get(w.row.slot) != w.row.blocks:   # a decoding row's changes every 16 tokens
-                self.model.b.write_block_table(self.cache.block_tables, w.row.slot, w.row.blocks)
+                self.model.backend.write_block_table(self.cache.block_tables, w.row.slot, w.row.blocks)
                 self._written[w.row.slot] = list(w.row.blocks)
         sampling = [w for w in work if w.samples]
         if all(w.end - w.start == 1 for w in work):
@@ -58,7 +58,7 @@ class ModelRunner:
         return self._sample([w.row for w in sampling], logits)
 
     def _sample(self, rows: list, logits) -> list[tuple[int, list | None]]:
-        b = self.model.b
+        b = self.model.backend
         greedy = [i for i, r in enumerate(rows) if r.seq.plain_greedy]
         chosen: list = [None] * len(rows)
         if greedy:

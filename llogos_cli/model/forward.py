@@ -21,7 +21,7 @@ from llogos_cli.model.config import ModelConfig
 class Model:
     def __init__(self, f: GGUFFile, backend):
         self.cfg = ModelConfig.from_gguf(f)
-        self.b = backend
+        self.backend = backend
         for name, info in f.tensors.items():
             quants.check_supported(info.ggml_type, name)
 
@@ -50,18 +50,18 @@ class Model:
         engine's paged cache), each attention layer's KV is one pool of n_blocks blocks of block_size
         positions that a slot reaches through its row of block_tables, instead of n_ctx per slot."""
         c = self.cfg
-        type_k, type_v = type_k or self.b.default_cache_type, type_v or self.b.default_cache_type
+        type_k, type_v = type_k or self.backend.default_cache_type, type_v or self.backend.default_cache_type
         n = n_slots + 1
         tables = None
         if n_blocks:   # (n, blocks per row); pad_slot's row all at one more block, the scratch
-            tables = self.b.block_tables(n, -(-n_ctx // block_size))
+            tables = self.backend.block_tables(n, -(-n_ctx // block_size))
             tables[n_slots] = n_blocks
         kv = [None if c.recurrent[il] else
-              self.b.paged_kv_cache(tables, n_blocks + 1, block_size, c.n_head_kv, c.head_dim_k, c.head_dim_v,
+              self.backend.paged_kv_cache(tables, n_blocks + 1, block_size, c.n_head_kv, c.head_dim_k, c.head_dim_v,
                                     type_k, type_v) if n_blocks else
-              self.b.kv_cache(n, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
+              self.backend.kv_cache(n, n_ctx, c.n_head_kv, c.head_dim_k, c.head_dim_v, type_k, type_v)
               for il in range(c.n_layer)]
-        state = [self._recurrent.new_state(self.b, c, n) if c.recurrent[il] else None for il in range(c.n_layer)]
+        state = [self._recurrent.new_state(self.backend, c, n) if c.recurrent[il] else None for il in range(c.n_layer)]
         return Cache(n_slots, n_ctx, kv, state, tables)
 
     def new_context(self, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> "Context":
@@ -72,7 +72,7 @@ class Model:
     def forward(self, cache: "Cache", batch: "Batch"):
         """Run a batch of tokens, each at its own (slot, position) of the cache; return the logits of
         the tokens batch.logits lists (the LM head is the costly part), (len(batch.logits), n_vocab)."""
-        c, b, w = self.cfg, self.b, self.w
+        c, b, w = self.cfg, self.backend, self.w
         layout = b.batch_layout(batch.slots, batch.pos)
 
         factors = self._rope_factors(cache.n_ctx)                       # (rope_dims / 2,) or None
@@ -99,7 +99,7 @@ class Model:
 
     def _residual(self, post_norm: str, x, h):
         """x + h, h first normed (post_norms) and scaled (residual_scale) as the family does."""
-        c, b = self.cfg, self.b
+        c, b = self.cfg, self.backend
         if c.post_norms:
             h = b.rmsnorm(h, self.w[post_norm], c.norm_eps)
         if c.residual_scale != 1.0:
@@ -125,7 +125,7 @@ class Model:
     def _yarn_rotation(self, il: int) -> tuple:
         c = self.cfg
         divisors, scale = yarn_rotation(c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.n_ctx_orig)
-        return self.b.vector(divisors.view(np.uint8), GGMLQuantizationType.F32), c.rope_attn_factor * scale
+        return self.backend.vector(divisors.view(np.uint8), GGMLQuantizationType.F32), c.rope_attn_factor * scale
 
     @property
     def _recurrent(self):
@@ -141,7 +141,7 @@ class Model:
         return w.get("rope_factors_long.weight" if n_ctx > self.cfg.n_ctx_orig else "rope_factors_short.weight")
 
     def _attention(self, il: int, p: str, x, pos: np.ndarray, kv, layout, factors):
-        c, b, w = self.cfg, self.b, self.w
+        c, b, w = self.cfg, self.backend, self.w
         T = x.shape[0]
         if c.fused_qkv:
             qkv = self._linear(p + "attn_qkv", x)          # (T, (n_head + n_head_kv) * dk + n_head_kv * dv)
@@ -177,7 +177,7 @@ class Model:
         return self._linear(p + "attn_output", o.reshape(T, c.n_head * c.head_dim_v))  # (T, n_embd)
 
     def _ffn(self, p: str, x):
-        b, w, n_ff = self.b, self.w, self.cfg.n_ff
+        b, w, n_ff = self.backend, self.w, self.cfg.n_ff
         if self.cfg.n_expert:
             return self._experts(p, x)
         if self.cfg.fused_ffn:
@@ -191,7 +191,7 @@ class Model:
         """Mixture of experts: each token through the n_expert_used experts its router picks, their
         outputs weighted by the router's probabilities (renormalised over the chosen ones unless
         the family keeps them), plus a shared expert where the family has one."""
-        c, b, w = self.cfg, self.b, self.w
+        c, b, w = self.cfg, self.backend, self.w
         experts, weights = b.route(self._linear(p + "ffn_gate_inp", x), c.n_expert_used, c.expert_norm)  # (T, k) each
 
         def product(name: str, h, weights=None):   # with each expert's bias where the file has them
@@ -212,9 +212,9 @@ class Model:
 
     def _linears(self, names: list[str], x) -> list:
         """x through each named projection (its weight, then its bias if the file has one)."""
-        ys = self.b.matmuls(x, [self.w[name + ".weight"] for name in names])
+        ys = self.backend.matmuls(x, [self.w[name + ".weight"] for name in names])
         biases = [self.w.get(name + ".bias") for name in names]
-        return [y if bias is None else self.b.add(y, bias) for y, bias in zip(ys, biases)]
+        return [y if bias is None else self.backend.add(y, bias) for y, bias in zip(ys, biases)]
 
 
 @dataclass(frozen=True, slots=True)

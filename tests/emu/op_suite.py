@@ -54,7 +54,7 @@ def test_dequantize_to_f16(backend, qtype):
     cols = 512 if GGML_QUANT_SIZES[qtype][0] == 256 else 96
     raw = random_weights(rng, qtype, 7, cols)
     out = backend.xp.zeros((7, cols), np.float16)
-    cuda_matmul.dequantize(backend.k, backend.xp.asarray(raw), qtype, out)
+    cuda_matmul.dequantize(backend.kernels, backend.xp.asarray(raw), qtype, out)
     want = reference(raw, qtype)
     # One float16 rounding of the exact value, plus float32 rounding in the decode.
     assert np.all(np.abs(host(backend, out).astype(np.float64) - want) <= np.abs(want) * 2.0 ** -11 + 1e-7)
@@ -85,7 +85,7 @@ def _check_product(backend, qtype, n_tok, scratch=None):
     if scratch is None:
         got = host(backend, backend.matmul(backend.xp.asarray(x), w))
     else:
-        got = host(backend, cuda_matmul.matmul(backend.k, backend.xp.asarray(x), w, scratch))
+        got = host(backend, cuda_matmul.matmul(backend.kernels, backend.xp.asarray(x), w, scratch))
     dense = reference(raw, qtype).astype(np.float64)
     # Error bound relative to sum |x||w|: float32 accumulation for matvec, float16 inputs for GEMM.
     rtol = 1e-5 if n_tok < cuda_matmul.GEMM_MIN_TOKENS else 2e-3
@@ -292,7 +292,7 @@ def test_softmax_lengths(backend):
     x = rng.standard_normal((6, 1100)).astype(np.float32) * 3
     lengths = np.array([1, 5, 1100, 0, 700, 64], np.int32)
     for window, softcap in ((0, 0.0), (50, 0.0), (50, 1.5)):
-        got = host(backend, cuda_ops.softmax_lengths(backend.k, backend.xp.asarray(x), backend.xp.asarray(lengths),
+        got = host(backend, cuda_ops.softmax_lengths(backend.kernels, backend.xp.asarray(x), backend.xp.asarray(lengths),
                                                      window, 0.5, softcap))
         want = np.zeros_like(x)
         for r, n in enumerate(lengths):
