@@ -13,38 +13,38 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from bench.synthetic import SPECS, Spec, layer_matrices
 from llogos_cli.paths import cache_dir
 
 # Byte offsets of the float16 scales in each type's block: random bytes there could be inf or NaN.
-_F16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
-               T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-               T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.MXFP4: ()}
+_F16_FIELDS = {QType.Q8_0: (0,), QType.Q4_0: (0,), QType.Q4_1: (0, 2), QType.Q5_0: (0,), QType.Q5_1: (0, 2),
+               QType.Q2_K: (80, 82), QType.Q3_K: (108,), QType.Q4_K: (0, 2), QType.Q5_K: (0, 2), QType.Q6_K: (208,),
+               QType.IQ4_NL: (0,), QType.IQ4_XS: (0,), QType.MXFP4: ()}
 # About the largest multiple of the float16 scale d a type's weights reach (sub-block scale times
 # quant), so that random d of scale / levels give weights of magnitude ~scale.
-_LEVELS = {T.Q2_K: 32, T.Q3_K: 128, T.Q4_K: 64, T.Q5_K: 64, T.IQ4_NL: 128, T.IQ4_XS: 4096}
+_LEVELS = {QType.Q2_K: 32, QType.Q3_K: 128, QType.Q4_K: 64, QType.Q5_K: 64, QType.IQ4_NL: 128, QType.IQ4_XS: 4096}
 
 
-def random_rows(qtype: T, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
+def random_rows(qtype: QType, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
     """Random GGUF rows (rows, bytes per row) of qtype: weights of magnitude ~scale."""
-    if qtype in (T.F32, T.F16, T.BF16):
+    if qtype in (QType.F32, QType.F16, QType.BF16):
         w = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        if qtype == T.BF16:
+        if qtype == QType.BF16:
             return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-        return w.astype(np.float16 if qtype == T.F16 else np.float32).view(np.uint8)
+        return w.astype(np.float16 if qtype == QType.F16 else np.float32).view(np.uint8)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
     for o in _F16_FIELDS[qtype]:
         d = rng.uniform(0.25, 1.0, (rows, cols // block)) * scale / _LEVELS.get(qtype, 32)
         raw[..., o:o + 2] = d.astype(np.float16)[..., None].view(np.uint8)
-    if qtype == T.MXFP4:   # the E8M0 byte e scales by 2^(e - 128), the values up to 12 of it
+    if qtype == QType.MXFP4:   # the E8M0 byte e scales by 2^(e - 128), the values up to 12 of it
         raw[..., 0] = 128 + np.floor(np.log2(scale / 12)) - rng.integers(0, 2, (rows, cols // block))
     return raw.reshape(rows, -1)
 
 
-def _tensors(spec: Spec) -> list[tuple[str, int, int, T]]:
+def _tensors(spec: Spec) -> list[tuple[str, int, int, QType]]:
     """(name, rows, cols, type) of every matrix, in file order; types by spec's Q4_K_M mix."""
     out = [("token_embd.weight", spec.n_vocab, spec.n_embd, spec.qtype("token_embd", 0))]
     if not spec.tied:

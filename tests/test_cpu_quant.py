@@ -4,7 +4,7 @@ whole models run from their blocks against the float32 path (the reference)."""
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from bench.synthetic_gguf import random_rows
@@ -17,11 +17,11 @@ from llogos_cli.model.forward import Model
 from llogos_cli.model.loader import open_model
 from tests.conftest import FIXTURES, REFERENCE, model_path, need, reference, relative_error
 
-# Token counts that take the matvec kernels (1, MATVEC_MAX_TOKENS) and the expanded tiles.
-TOKENS = (1, cpu_quant.MATVEC_MAX_TOKENS, cpu_quant.MATVEC_MAX_TOKENS + 3)
+# Token counts that take the matvec kernels (1, DOT_MAX_TOKENS) and the expanded tiles.
+TOKENS = (1, cpu_quant.DOT_MAX_TOKENS, cpu_quant.DOT_MAX_TOKENS + 3)
 
 
-def _cols(qtype: T) -> int:
+def _cols(qtype: QType) -> int:
     """Row lengths off every power of two: three blocks (5 blocks of 32 for the plain types), or
     37 elements for the float types, which have no blocks."""
     block = GGML_QUANT_SIZES[qtype][0]

@@ -7,7 +7,7 @@ bound of the float64 product of the unquantized ones."""
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from bench.synthetic_gguf import random_rows
@@ -160,7 +160,7 @@ def test_products_sharing_an_input_are_each_alone(isa):
     own row count, come out bit for bit as they do one at a time."""
     rng = np.random.default_rng(5)
     matrices = [(random_rows(qtype, rows, 2 * K_BLOCK, rng), qtype)
-                for qtype, rows in ((T.Q4_0, 37), (T.Q4_K, 20), (T.Q8_0, 5), (T.Q6_K, 33), (T.F16, 3))]
+                for qtype, rows in ((QType.Q4_0, 37), (QType.Q4_K, 20), (QType.Q8_0, 5), (QType.Q6_K, 33), (QType.F16, 3))]
     for n_tok in (1, cpu_quant_int8.TOKENS + 2):
         x = rng.standard_normal((n_tok, 2 * K_BLOCK)).astype(np.float32)
         qm = cpu_quant.QuantMatmul(isa)
@@ -177,14 +177,14 @@ def test_expert_rows_cut_anywhere_in_the_tiles(out):
     from llogos_cli.backends.numpy_backend import NumpyBackend
     rng = np.random.default_rng(out)
     n_expert, cols = 4, 64
-    raw = random_rows(T.Q8_0, n_expert * out, cols, rng)
+    raw = random_rows(QType.Q8_0, n_expert * out, cols, rng)
     raw.flags.writeable = False
     backend = NumpyBackend("quantized")
-    w = backend.matrix(raw, T.Q8_0, matmul=True)
+    w = backend.matrix(raw, QType.Q8_0, matmul=True)
     x = rng.standard_normal((3, cols)).astype(np.float32)
     experts = np.array([[1, 2], [3, 0], [2, 1]])
     y = backend.matmul_experts(x, w, experts, n_expert)
-    dense = gguf_quants.dequantize(raw, T.Q8_0).astype(np.float64).reshape(n_expert, out, cols)
+    dense = gguf_quants.dequantize(raw, QType.Q8_0).astype(np.float64).reshape(n_expert, out, cols)
     for t in range(3):
         for j, e in enumerate(experts[t]):
             np.testing.assert_allclose(y[t, j], dense[e] @ x[t], rtol=0, atol=0.02 * np.abs(dense[e]).sum(axis=1).max())

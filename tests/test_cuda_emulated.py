@@ -6,7 +6,7 @@ emu/model_suite.py); this module adds checks of the emulator itself and of which
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends import cuda_attention, cuda_matmul
 from llogos_cli.backends.cuda_attention import FUSED_MAX_TOKENS
@@ -36,7 +36,7 @@ def test_half_conversions_match_numpy_bit_for_bit(backend):
     halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     halves = halves[~np.isnan(halves.view(np.float16))]
     halves = np.concatenate([halves, np.zeros(-halves.size % 4, np.uint16)])  # whole blocks of 4
-    decoded = backend.embed(backend.matrix(halves.view(np.uint8).reshape(1, -1), T.F16, False), np.zeros(1))
+    decoded = backend.embed(backend.matrix(halves.view(np.uint8).reshape(1, -1), QType.F16, False), np.zeros(1))
     np.testing.assert_array_equal(decoded[0].view(np.uint32), halves.view(np.float16).astype(np.float32).view(np.uint32))
 
     rng = np.random.default_rng(0)
@@ -45,7 +45,7 @@ def test_half_conversions_match_numpy_bit_for_bit(backend):
                               1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, np.inf, -np.inf]]).astype(np.float32)
     floats = floats[:floats.size // 4 * 4]
     out = np.empty((1, floats.size), np.float16)
-    cuda_matmul.dequantize(backend.kernels, floats.view(np.uint8).reshape(1, -1), T.F32, out)
+    cuda_matmul.dequantize(backend.kernels, floats.view(np.uint8).reshape(1, -1), QType.F32, out)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(out[0].view(np.uint16), floats.astype(np.float16).view(np.uint16))
 
@@ -130,16 +130,16 @@ def test_attention_launches_short_runs_together(backend):
 
 
 def test_quantized_weights_stay_quantized(backend):
-    raw = random_weights(np.random.default_rng(4), T.Q4_K, 8, 256)
-    w = backend.matrix(raw, T.Q4_K, matmul=True)
+    raw = random_weights(np.random.default_rng(4), QType.Q4_K, 8, 256)
+    w = backend.matrix(raw, QType.Q4_K, matmul=True)
     assert w.nbytes == raw.nbytes and w.raw.dtype == np.uint8 and w.raw.shape == raw.shape
-    assert backend.matrix(raw, T.Q4_K, matmul=False).nbytes == 0  # a lookup table: a row per token
+    assert backend.matrix(raw, QType.Q4_K, matmul=False).nbytes == 0  # a lookup table: a row per token
 
 
 # ------------------------------------------------------------------ the benchmark's models
-@pytest.mark.parametrize("mix, hybrid, types", [("q4_k_m", False, {T.F32, T.Q4_K, T.Q6_K}),
-                                               ("q4_1", False, {T.F32, T.Q4_1, T.Q8_0}),
-                                               ("q4_k_m", True, {T.F32, T.Q4_K, T.Q6_K})])
+@pytest.mark.parametrize("mix, hybrid, types", [("q4_k_m", False, {QType.F32, QType.Q4_K, QType.Q6_K}),
+                                               ("q4_1", False, {QType.F32, QType.Q4_1, QType.Q8_0}),
+                                               ("q4_k_m", True, {QType.F32, QType.Q4_K, QType.Q6_K})])
 def test_bench_models_load_and_run(backend, tmp_path, mix, hybrid, types):
     bench = load_bench()
     # The hybrid as Qwen3.5's: DeltaNet layers 0-2, gated attention with partial rotation in 3.

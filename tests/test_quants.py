@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize as reference_dequantize
 from gguf.quants import quantize
 
@@ -12,12 +12,12 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.gguf.quants import SUPPORTED, dequantize
 
 # Byte offsets of the float16 scale fields in each block, so random blocks get finite scales.
-_F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2],
-               T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
-               T.IQ4_NL: [0], T.IQ4_XS: [0], T.MXFP4: []}   # MXFP4's E8M0 scale: every byte is one
+_F16_FIELDS = {QType.Q8_0: [0], QType.Q4_0: [0], QType.Q4_1: [0, 2], QType.Q5_0: [0], QType.Q5_1: [0, 2],
+               QType.Q2_K: [80, 82], QType.Q3_K: [108], QType.Q4_K: [0, 2], QType.Q5_K: [0, 2], QType.Q6_K: [208],
+               QType.IQ4_NL: [0], QType.IQ4_XS: [0], QType.MXFP4: []}   # MXFP4's E8M0 scale: every byte is one
 
 
-def random_blocks(qtype: T, rows: int, cols: int, rng) -> np.ndarray:
+def random_blocks(qtype: QType, rows: int, cols: int, rng) -> np.ndarray:
     """Random bytes in qtype's block layout, with every float16 field a finite random scale."""
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block_size, type_size), dtype=np.uint8)
@@ -38,7 +38,7 @@ def test_random_blocks_match_gguf(qtype):
         np.testing.assert_array_equal(ours.view(np.uint32), expected.view(np.uint32))   # bit for bit
 
 
-@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1],
+@pytest.mark.parametrize("qtype", [QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1],
                          ids=lambda t: t.name)
 def test_quantized_weights_round_trip(qtype):
     """Weights quantized by gguf itself dequantize to gguf's values, and near the originals."""
@@ -50,7 +50,7 @@ def test_quantized_weights_round_trip(qtype):
 
 
 def test_every_supported_type_is_covered():
-    covered = set(_F16_FIELDS) | {T.F32, T.F16, T.BF16}
+    covered = set(_F16_FIELDS) | {QType.F32, QType.F16, QType.BF16}
     assert covered == SUPPORTED
 
 
@@ -67,9 +67,9 @@ def test_real_model_tensors_match_gguf(smollm_path, gemma_path):
             rows = np.array([0, 3, raw.shape[0] - 1])
             expected = reference_dequantize(raw[rows], info.ggml_type).reshape(len(rows), -1)
             np.testing.assert_array_equal(dequantize(raw[rows], info.ggml_type), expected)
-    assert {T.Q4_1, T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K} <= seen
+    assert {QType.Q4_1, QType.Q8_0, QType.Q5_0, QType.Q4_K, QType.Q6_K} <= seen
 
 
 def test_unsupported_type_is_named():
     with pytest.raises(LlogosError, match="unsupported tensor type IQ2_XXS"):
-        dequantize(np.zeros((1, 66), np.uint8), T.IQ2_XXS)
+        dequantize(np.zeros((1, 66), np.uint8), QType.IQ2_XXS)

@@ -8,6 +8,7 @@ import pytest
 
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from tests.test_cli import env  # noqa: F401  (a fixture)
+from tests.conftest import FIXTURES, need
 from tests.test_server import Server, sse_events
 
 pytest.importorskip("fastapi")
@@ -52,8 +53,10 @@ def test_the_second_of_two_requests_sharing_a_long_prefix_reports_cached_tokens(
     second = usage(cached, chat("Do you sell rye bread?", system))
     assert first["prompt_tokens_details"] == {"cached_tokens": 0}
     hit = second["prompt_tokens_details"]["cached_tokens"]
-    assert 0 < hit < second["prompt_tokens"] and hit % BLOCK_SIZE == 0
-    assert hit >= first["prompt_tokens"] - 2 * BLOCK_SIZE   # the system prompt, but for the block it ends in
+    # The slot the first request left continues to the token: the whole system prompt and the
+    # template's tokens up to the question (whole blocks only, from the other slot).
+    assert 0 < hit < second["prompt_tokens"]
+    assert hit >= first["prompt_tokens"] - 2 * BLOCK_SIZE
     metrics = cached.metrics()
     assert metrics["llogos_prompt_tokens_cached_total"] >= hit
     assert 0 < metrics["llogos_prefix_cache_hit_rate"] <= 1
@@ -90,3 +93,28 @@ def test_responses_are_the_same_with_and_without_the_cache(cached, uncached):
     texts = [s.post("/v1/completions", prompt).json()["choices"][0]["text"] for s in (cached, uncached)]
     assert texts[0] == texts[1]
     assert uncached.metrics()["llogos_prompt_tokens_cached_total"] == 0
+
+
+def test_a_recurrent_model_continues_the_slot_its_last_request_left(env, tmp_path_factory):
+    """Qwen3.5's hybrid layers: no shared blocks, but the slot's state, marked before the prompt's
+    last token, serves a next prompt that begins with that one; the same text as without it."""
+    path = str(need(FIXTURES / "tiny-qwen35-f32.gguf"))
+    servers = [Server(env, tmp_path_factory.mktemp("recurrent") / "log", "-m", path, "-np", "1", "-c", "128", *flags)
+               for flags in ((), ("--no-cache-prompt",))]
+    try:
+        prompt = list(range(5, 45))
+        answers = []
+        for body in ({"prompt": prompt, "max_tokens": 6, "temperature": 0},
+                     {"prompt": prompt + [50, 51, 52], "max_tokens": 6, "temperature": 0, "logprobs": 2}):
+            answers.append([s.post("/v1/completions", body).json() for s in servers])
+        for cached, uncached in answers:
+            assert cached["choices"][0]["text"] == uncached["choices"][0]["text"]
+            assert uncached["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert answers[0][0]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert answers[1][0]["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt) - 1
+        ours, theirs = (a["choices"][0]["logprobs"]["top_logprobs"] for a in answers[1])
+        for a, b in zip(ours, theirs):
+            assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a)
+    finally:
+        for s in servers:
+            s.stop()

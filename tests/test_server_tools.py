@@ -176,14 +176,14 @@ def prompt_text(template_source: str, body: dict) -> str:
     from llogos_cli.engine.conversation import ChatFormat
     from llogos_cli.engine.sampling import SamplingParams
     from llogos_cli.gguf.file import GGUFFile
-    from llogos_cli.server.prepare import Defaults, prepare_chat
+    from llogos_cli.server.prepare import RequestDefaults, prepare_chat
     from llogos_cli.server.schemas import ChatCompletionRequest
     from llogos_cli.tokenizer.chat_template import ChatTemplate
     from llogos_cli.tokenizer.tokenizer import Tokenizer
     from tests.conftest import FIXTURES, need
     tok = Tokenizer.from_gguf(GGUFFile(need(FIXTURES / "tiny-llama-f32.gguf")))
     chat = ChatFormat(ChatTemplate(template_source, "test"), tok)
-    prepared = prepare_chat(ChatCompletionRequest.model_validate(body), tok, chat, Defaults(SamplingParams(), 16), 8192)
+    prepared = prepare_chat(ChatCompletionRequest.model_validate(body), tok, chat, RequestDefaults(SamplingParams(), 16), 8192)
     return tok.decode(prepared.requests[0].prompt, special=True)
 
 

@@ -9,7 +9,7 @@ test_cpu_quant.py and under emulation in emu/op_suite.py; this module adds what 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
@@ -26,15 +26,15 @@ from llogos_cli.model.loader import load
 from tests.conftest import FIXTURES, copy_gguf, need, relative_error
 from tests.emu.emulator import EmuKernels
 
-NEW_TYPES = [T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+NEW_TYPES = [QType.Q3_K, QType.Q2_K, QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4]
 _ids = {"ids": lambda t: t.name}
 
 
-def _reference(raw: np.ndarray, qtype: T) -> np.ndarray:
+def _reference(raw: np.ndarray, qtype: QType) -> np.ndarray:
     return gguf_dequantize(raw, qtype).reshape(raw.shape[0], -1)
 
 
-def _rows(qtype: T, rows: int, blocks: int, seed: int) -> np.ndarray:
+def _rows(qtype: QType, rows: int, blocks: int, seed: int) -> np.ndarray:
     """Random rows of `blocks` blocks: every quant bit pattern, the scales spread over 2^20."""
     rng = np.random.default_rng(seed)
     raw = random_rows(qtype, rows, blocks * GGML_QUANT_SIZES[qtype][0], rng, scale=2.0 ** rng.integers(-10, 10))
@@ -44,7 +44,7 @@ def _rows(qtype: T, rows: int, blocks: int, seed: int) -> np.ndarray:
 
 def test_every_supported_type_has_a_decoder_in_each_backend():
     """A type the loader accepts but a backend cannot decode would run as another type's bytes."""
-    assert cpu_quant_dequant.TYPES == quants.SUPPORTED - {T.F32}   # F32 matrices are used in place
+    assert cpu_quant_dequant.TYPES == quants.SUPPORTED - {QType.F32}   # F32 matrices are used in place
     assert set(TYPE_SUFFIX) == quants.SUPPORTED
     assert set(cuda_matmul._PART_ELEMENTS) == quants.SUPPORTED
 
@@ -88,10 +88,10 @@ def test_mxfp4_scales_cover_every_e8m0_byte():
     raw[:, 0] = np.arange(256)
     raw[:, 1:] = np.arange(16, dtype=np.uint8) * 0x11   # every value in both nibbles
     with np.errstate(over="ignore"):
-        want = _reference(raw, T.MXFP4)
-        np.testing.assert_array_equal(quants.dequantize(raw, T.MXFP4).view(np.uint32), want.view(np.uint32))
+        want = _reference(raw, QType.MXFP4)
+        np.testing.assert_array_equal(quants.dequantize(raw, QType.MXFP4).view(np.uint32), want.view(np.uint32))
     out = np.empty((256, 32), np.float32)
-    cpu_quant_dequant.dequantize_rows(raw, int(T.MXFP4), out)
+    cpu_quant_dequant.dequantize_rows(raw, int(QType.MXFP4), out)
     np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
     assert np.isinf(want[255]).any() and (want[0][want[0] != 0] < 1e-37).all()
 
@@ -123,7 +123,7 @@ def _widened_weights(src: GGUFFile, rng) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[T, tuple]:
+def models(tmp_path_factory) -> dict[QType, tuple]:
     """For each new type: (the GGUF with every matrix of that type, the GGUF of gguf's float32 decoding
     of those very blocks). gguf quantizes MXFP4 itself; of the others, it only decodes: their blocks
     are random (random_rows), valid by construction."""
@@ -141,7 +141,7 @@ def models(tmp_path_factory) -> dict[T, tuple]:
             if w.ndim == 1:
                 quantized[name] = dense[name] = (w, None)
                 continue
-            if qtype == T.MXFP4:
+            if qtype == QType.MXFP4:
                 raw = gguf_quantize(w, qtype)
             else:
                 raw = random_rows(qtype, *w.shape, rng, scale=float(np.abs(w).max()))
@@ -175,7 +175,7 @@ def test_cpu_quantized_path_matches_float32_model(models, qtype):
 
 def test_auto_expands_the_new_types_for_a_small_model(models):
     """No CPU kernel multiplies these types in their blocks yet: auto holds a small model as float32."""
-    loaded = load(str(models[T.Q3_K][0]), backend="cpu", n_ctx=64)
+    loaded = load(str(models[QType.Q3_K][0]), backend="cpu", n_ctx=64)
     assert "cpu weights f32" in loaded.memory
 
 

@@ -5,7 +5,7 @@ Two shapes of product:
   (cpu_quant_int8; `isa`: LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there is), for
   any number of tokens: the rows, repacked at load (`pack`), are unpacked in registers once for
   every 4 tokens and dotted with their activations while in cache, rows shared out over every core;
-- otherwise, or with `float`: up to MATVEC_MAX_TOKENS tokens with float32 activations
+- otherwise, or with `float`: up to DOT_MAX_TOKENS tokens with float32 activations
   (cpu_quant_dot), and for more tokens (batched decode, prefill) tiles of rows expanded to float32
   (cpu_quant_dequant) into one reused buffer and multiplied there, by cpu_rows for 2-64 rows, else
   by BLAS, so expanding a weight is paid once per tile, not once per token.
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends import CPU_DOT_TYPES, cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
 from llogos_cli.backends.cpu_jit import share_out
@@ -25,7 +25,7 @@ from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import drop_pages
 
-MATVEC_MAX_TOKENS = 4    # float32 activations
+DOT_MAX_TOKENS = 4       # products of up to this many tokens in float32 activations take cpu_quant_dot
 PACK_BYTES = 4 << 20    # a matrix is repacked this much at a time, so that its two copies are never both whole in memory
 ROUTES_KEPT = 1024       # lists of matrices whose routes are kept (a model's own lists are a few hundred)
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
@@ -35,8 +35,8 @@ _NO_ROWS.flags.writeable = False
 _NO_OUT = np.empty((0, 0), np.float32)
 _PADDING = [(_NO_OUT,) * (cpu_quant_int8.MATRICES - n) for n in range(cpu_quant_int8.MATRICES + 1)]   # by real products
 # Stand-ins for the per-token inputs a type's kernel does not read.
-_NO_SUMS = np.empty((MATVEC_MAX_TOKENS, 0), np.float32)
-_NO_INT16 = (np.empty((MATVEC_MAX_TOKENS, 2, 0), np.int16), np.empty((MATVEC_MAX_TOKENS, 2, 0), np.float32))
+_NO_SUMS = np.empty((DOT_MAX_TOKENS, 0), np.float32)
+_NO_INT16 = (np.empty((DOT_MAX_TOKENS, 2, 0), np.int16), np.empty((DOT_MAX_TOKENS, 2, 0), np.float32))
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -125,20 +125,20 @@ class QuantMatmul:
         if self.isa in ISA_ARG:
             # one matrix and several, each kernel of its own
             if qtypes & cpu_quant_int8.PLAIN_TYPES:
-                rows = self.pack(plain, T.Q8_0)
-                self.many(np.zeros((1, 32), np.float32), [(rows, T.Q8_0)])
-                self.many(np.zeros((1, 32), np.float32), [(rows, T.Q8_0), (rows, T.Q8_0)])
+                rows = self.pack(plain, QType.Q8_0)
+                self.many(np.zeros((1, 32), np.float32), [(rows, QType.Q8_0)])
+                self.many(np.zeros((1, 32), np.float32), [(rows, QType.Q8_0), (rows, QType.Q8_0)])
             if qtypes & cpu_quant_int8.K_TYPES:
-                rows = self.pack(_read_only(np.zeros((1, 144), np.uint8)), T.Q4_K)
-                self.many(np.zeros((1, 256), np.float32), [(rows, T.Q4_K)])
-                self.many(np.zeros((1, 256), np.float32), [(rows, T.Q4_K), (rows, T.Q4_K)])
+                rows = self.pack(_read_only(np.zeros((1, 144), np.uint8)), QType.Q4_K)
+                self.many(np.zeros((1, 256), np.float32), [(rows, QType.Q4_K)])
+                self.many(np.zeros((1, 256), np.float32), [(rows, QType.Q4_K), (rows, QType.Q4_K)])
         elif qtypes & CPU_DOT_TYPES:
-            self._matvec(np.zeros((1, 32), np.float32), plain, T.Q8_0)
+            self._matvec(np.zeros((1, 32), np.float32), plain, QType.Q8_0)
         if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.TYPES:   # types the integer products do not take
-            self._tiled(np.zeros((MATVEC_MAX_TOKENS + 1, 32), np.float32), plain, T.Q8_0, 1, 32)
+            self._tiled(np.zeros((DOT_MAX_TOKENS + 1, 32), np.float32), plain, QType.Q8_0, 1, 32)
             cpu_rows.warm_up()
 
-    def pack(self, raw: np.ndarray, qtype: T) -> np.ndarray:
+    def pack(self, raw: np.ndarray, qtype: QType) -> np.ndarray:
         """A matrix's rows as this object's products take them: repacked for the integer products
         (cpu_quant_int8.packed_rows), or as they are. Every matrix given to a product must come
         from here."""
@@ -152,27 +152,27 @@ class QuantMatmul:
         out.flags.writeable = False
         return out
 
-    def _packs(self, qtype: T) -> bool:
+    def _packs(self, qtype: QType) -> bool:
         return self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES
 
-    def _features(self, rows: np.ndarray, qtype: T) -> tuple[int, ...]:
+    def _features(self, rows: np.ndarray, qtype: QType) -> tuple[int, ...]:
         """The feature count of the x a matrix from `pack` multiplies."""
         if self._packs(qtype) and qtype in cpu_quant_int8.K_TYPES:   # Q4_K's, Q5_K's scales a byte each
             per_row = cpu_quant_int8.K_TILED[qtype.name.lower()][0] // cpu_quant_int8.TILE
             return (rows.shape[1] // per_row * cpu_quant_int8.K_BLOCK,)
         return (quants.row_elements(rows, qtype),)
 
-    def row_range(self, rows: np.ndarray, qtype: T, first: int, n: int) -> np.ndarray | None:
+    def row_range(self, rows: np.ndarray, qtype: QType, first: int, n: int) -> np.ndarray | None:
         """Rows first..first+n-1 of a matrix from `pack` (an expert's part of a stacked matrix), as a
         matrix products take; None where the packing cannot be cut there (tiled rows, cut off a tile)."""
         if self._packs(qtype) and first % cpu_quant_int8.TILE:
             return None
         return rows[first:first + n]
 
-    def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
+    def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: QType) -> np.ndarray:
         return self.many(x, [(raw, qtype)])[0]
 
-    def many(self, x: np.ndarray, matrices: list[tuple[np.ndarray, T]]) -> list[np.ndarray]:
+    def many(self, x: np.ndarray, matrices: list[tuple[np.ndarray, QType]]) -> list[np.ndarray]:
         """x times each (raw, qtype) matrix of the list, which share it as their input (q, k and v;
         gate and up): those of the integer products in one call for each form of activations."""
         x = np.ascontiguousarray(x, np.float32)
@@ -183,7 +183,7 @@ class QuantMatmul:
         outs: list = [None] * len(matrices)
         for i in route.others:
             raw, qtype = matrices[i]
-            if x.shape[0] <= MATVEC_MAX_TOKENS and qtype in CPU_DOT_TYPES:
+            if x.shape[0] <= DOT_MAX_TOKENS and qtype in CPU_DOT_TYPES:
                 outs[i] = self._matvec(x, raw, qtype)
             else:
                 outs[i] = self._tiled(x, raw, qtype, raw.shape[0], x.shape[1])
@@ -192,7 +192,7 @@ class QuantMatmul:
                 outs[i] = out
         return outs
 
-    def _route(self, matrices: list[tuple[np.ndarray, T]]) -> "_Route":
+    def _route(self, matrices: list[tuple[np.ndarray, QType]]) -> "_Route":
         """Which products of the list run in integers, in one call per form of activations, with
         their kernels' arguments: found once per list (held, so that no other array can take the
         identity of one of its matrices)."""
@@ -212,7 +212,7 @@ class QuantMatmul:
         return route
 
     @staticmethod
-    def _matvec(x: np.ndarray, raw: np.ndarray, qtype: T) -> np.ndarray:
+    def _matvec(x: np.ndarray, raw: np.ndarray, qtype: QType) -> np.ndarray:
         out = np.empty((x.shape[0], raw.shape[0]), np.float32)
         xs = x.reshape(x.shape[0], -1, 32).sum(axis=2) if qtype in cpu_quant_dot.SUMS_TYPES else _NO_SUMS
         xq, dx = quantize_rows(x) if qtype in cpu_quant_dot.INT16_TYPES else _NO_INT16
@@ -241,12 +241,12 @@ class QuantMatmul:
         key = (k_type, x.shape[1])
         arrays = self._buffers.get(key)
         if arrays is None or arrays[0].shape[0] < x.shape[0]:
-            arrays = self._buffers[key] = _quantize8_arrays(max(x.shape[0], MATVEC_MAX_TOKENS), x.shape[1], k_type)
+            arrays = self._buffers[key] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS), x.shape[1], k_type)
         parts = self._quantized[k_type] = _quantize8_into(x, k_type, arrays)
         return parts
 
     @staticmethod
-    def _plan(matrices: list[tuple[np.ndarray, T]]) -> tuple:
+    def _plan(matrices: list[tuple[np.ndarray, QType]]) -> tuple:
         """The integer kernels' arguments for these matrices: the rows as MATRICES arrays of one
         numba type (as a tuple indexed at run time needs; padded with matrices of no rows), their
         type codes, where each one's chunks of rows start, and how many are real."""
@@ -258,7 +258,7 @@ class QuantMatmul:
         firsts[1:] = np.cumsum([-(-raw.shape[0] // cpu_quant_int8.CHUNK) for raw in raws])
         return raws, codes, firsts, len(matrices)
 
-    def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
+    def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: QType, rows: int, cols: int) -> np.ndarray:
         step = max(1, TILE_ELEMENTS // cols)
         if self._tile.size < min(step, rows) * cols:
             self._tile = np.empty(min(step, rows) * cols, np.float32)

@@ -7,7 +7,7 @@ its first element.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends.cpu_jit import F16, f16_at, k_scales_mins, kernel
 from llogos_cli.backends.cpu_simd import plain_row_expand
@@ -155,11 +155,11 @@ def _bf16(row, out):   # the top half of a float32
         bits[i] = (np.uint32(row[2 * i]) << 16) | (np.uint32(row[2 * i + 1]) << 24)
 
 
-_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
-_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
-_IQ4_NL, _IQ4_XS, _MXFP4, _F16, _BF16 = int(T.IQ4_NL), int(T.IQ4_XS), int(T.MXFP4), int(T.F16), int(T.BF16)
-TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-                   T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.F16, T.BF16})
+_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
+_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QType.Q2_K), int(QType.Q3_K), int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
+_IQ4_NL, _IQ4_XS, _MXFP4, _F16, _BF16 = int(QType.IQ4_NL), int(QType.IQ4_XS), int(QType.MXFP4), int(QType.F16), int(QType.BF16)
+TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
+                   QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4, QType.F16, QType.BF16})
 
 
 @kernel

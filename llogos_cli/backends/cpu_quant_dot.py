@@ -22,7 +22,7 @@ in `xs`.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends.cpu_jit import (
     f16_at,
@@ -96,10 +96,10 @@ def _dot_q6_k(row, xq, dx):  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16 per 2
 
 
 # GGML's type numbers, frozen into the kernels as constants.
-_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
-_Q4_K, _Q5_K, _Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
-INT16_TYPES = frozenset({T.Q6_K})   # multiplied with the activations' int16 parts (cpu_simd)
-SUMS_TYPES = frozenset({T.Q4_K, T.Q5_K})   # take their mins from the activations' sums over 32s
+_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
+_Q4_K, _Q5_K, _Q6_K = int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
+INT16_TYPES = frozenset({QType.Q6_K})   # multiplied with the activations' int16 parts (cpu_simd)
+SUMS_TYPES = frozenset({QType.Q4_K, QType.Q5_K})   # take their mins from the activations' sums over 32s
 CHUNK = 16   # rows a thread takes at a time, sharing one scratch buffer
 
 

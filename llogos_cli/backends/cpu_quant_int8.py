@@ -20,7 +20,7 @@ takes for these types).
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends.cpu_jit import kernel, parallel_kernel, prange
 from llogos_cli.backends.cpu_simd import PLAIN
@@ -29,8 +29,8 @@ from llogos_cli.backends.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_dot8,
 BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
 K_SUM = 16         # elements of each of a K block's sums
-PLAIN_TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1})
-K_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
+PLAIN_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1})
+K_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K})
 TYPES = PLAIN_TYPES | K_TYPES
 TOKENS = 4   # tokens a row is multiplied with at once, its blocks decoded once for them
 MATRICES = 4   # products one call runs together (sharing an input), padded to this many
@@ -38,8 +38,8 @@ _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (tile_dot8(n, 1) for n in ("q8_0", "q4_0", "
 _q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (tile_dot8(n, TOKENS) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
 _q4_k, _q5_k, _q6_k = (k_tile_dot8(n, 1) for n in ("q4_k", "q5_k", "q6_k"))
 _q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q4_k", "q5_k", "q6_k"))
-_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(T.Q8_0), int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1)
-_Q4_K, _Q5_K, _Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
+_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
+_Q4_K, _Q5_K, _Q6_K = int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
 
 
@@ -114,7 +114,7 @@ def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
     """A K type's rows in GGUF's layout -> their tiles (K_TILED) in out's memory, as _tile_rows."""
-    size = GGML_QUANT_SIZES[T[name.upper()]][1]
+    size = GGML_QUANT_SIZES[QType[name.upper()]][1]
     tile, d_at, dmin_at, scales_at, mins_at, quants_at, high_at = K_TILED[name]
     blocks, dest = _tiles_of(raw, size, out, tile)
     lead = blocks.shape[:2]
@@ -181,7 +181,7 @@ def _tile_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
                                                         bitorder="little").reshape(*lead, 64)
 
 
-def new_packed_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
+def new_packed_rows(raw: np.ndarray, qtype: QType) -> np.ndarray:
     """The array pack_rows fills for a matrix's rows (rows, bytes a row): their tiles, the memory
     under the array running on to the end of the last whole tile (zeros), which the products read."""
     name = qtype.name.lower()
@@ -190,13 +190,13 @@ def new_packed_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
     return np.zeros((-(-raw.shape[0] // TILE) * TILE, n_blocks * tile // TILE), np.uint8)[:raw.shape[0]]
 
 
-def pack_rows(raw: np.ndarray, qtype: T, out: np.ndarray) -> None:
+def pack_rows(raw: np.ndarray, qtype: QType, out: np.ndarray) -> None:
     """A matrix's rows (rows, bytes) tiled into out as the integer products read them; raw's first
     row is the first of a tile, and so is out's."""
     (_tile_k_rows if qtype in K_TYPES else _tile_rows)(raw, qtype.name.lower(), out)
 
 
-def packed_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
+def packed_rows(raw: np.ndarray, qtype: QType) -> np.ndarray:
     """A matrix's rows repacked (read-only)."""
     out = new_packed_rows(raw, qtype)
     pack_rows(raw, qtype, out)

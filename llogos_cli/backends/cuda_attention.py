@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends import QUERY_CHUNK, check_cache_type, cuda_ops
 from llogos_cli.backends.cuda_batch import Layout
@@ -24,7 +24,7 @@ from llogos_cli.backends.cuda_matmul import get_rows
 from llogos_cli.errors import LlogosError
 
 # The GGUF type a cache row is laid out as, for gathering rows with get_rows.
-_ROW_TYPE = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}
+_ROW_TYPE = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}
 ATTENTION_WARPS = 4      # ATTENTION_WARPS in attention.cu
 MAX_HEAD_DIM = 256       # MAX_HEAD_DIM in attention.cu
 FUSED_MAX_TOKENS = 16

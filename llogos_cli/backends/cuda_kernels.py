@@ -10,7 +10,7 @@ the launch logic runs in the tests without a GPU.
 import hashlib
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.errors import LlogosError
 from llogos_cli.paths import PROJECT_ROOT
@@ -18,9 +18,9 @@ from llogos_cli.paths import PROJECT_ROOT
 CUDA_DIR = PROJECT_ROOT / "cuda"
 
 # Kernel-name suffix of each weight type: matvec_q4_K, dequantize_bf16, get_rows_q8_0, ...
-TYPE_SUFFIX = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16", T.Q8_0: "q8_0", T.Q4_0: "q4_0", T.Q4_1: "q4_1",
-               T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q2_K: "q2_K", T.Q3_K: "q3_K", T.Q4_K: "q4_K", T.Q5_K: "q5_K",
-               T.Q6_K: "q6_K", T.IQ4_NL: "iq4_nl", T.IQ4_XS: "iq4_xs", T.MXFP4: "mxfp4"}
+TYPE_SUFFIX = {QType.F32: "f32", QType.F16: "f16", QType.BF16: "bf16", QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q4_1: "q4_1",
+               QType.Q5_0: "q5_0", QType.Q5_1: "q5_1", QType.Q2_K: "q2_K", QType.Q3_K: "q3_K", QType.Q4_K: "q4_K", QType.Q5_K: "q5_K",
+               QType.Q6_K: "q6_K", QType.IQ4_NL: "iq4_nl", QType.IQ4_XS: "iq4_xs", QType.MXFP4: "mxfp4"}
 
 # cuBLAS enums (library_types.h, cublas_api.h).
 _CUDA_R_32F, _CUDA_R_16F = 0, 2

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends.cuda_kernels import TYPE_SUFFIX, cdiv, check
 from llogos_cli.errors import LlogosError
@@ -28,14 +28,14 @@ _THREADS = 256
 # Plain types are read 4 elements at a time (quant_blocks.cuh), and every type decodes this many
 # elements per thread: the launchers size their grids by it.
 _PLAIN_BLOCK = 4
-_PART_ELEMENTS = {T.F32: 4, T.F16: 4, T.BF16: 4, T.Q8_0: 8, T.Q4_0: 8, T.Q4_1: 8, T.Q5_0: 8, T.Q5_1: 8,
-                  T.Q2_K: 16, T.Q3_K: 16, T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16, T.IQ4_NL: 8, T.IQ4_XS: 16, T.MXFP4: 8}
+_PART_ELEMENTS = {QType.F32: 4, QType.F16: 4, QType.BF16: 4, QType.Q8_0: 8, QType.Q4_0: 8, QType.Q4_1: 8, QType.Q5_0: 8, QType.Q5_1: 8,
+                  QType.Q2_K: 16, QType.Q3_K: 16, QType.Q4_K: 32, QType.Q5_K: 32, QType.Q6_K: 16, QType.IQ4_NL: 8, QType.IQ4_XS: 16, QType.MXFP4: 8}
 
 
 @dataclass(slots=True)
 class QuantMatrix:
     raw: Any                 # device uint8 (rows, bytes per row): the GGUF bytes as stored
-    qtype: T
+    qtype: QType
     rows: int
     cols: int
     in_products: bool        # False for a lookup-only table (an untied token_embd)
@@ -60,11 +60,11 @@ class Scratch:
         return self.buf, self.buf.size // w.cols
 
 
-def _block_elements(qtype: T) -> int:
+def _block_elements(qtype: QType) -> int:
     return GGML_QUANT_SIZES[qtype][0] if GGML_QUANT_SIZES[qtype][0] > 1 else _PLAIN_BLOCK
 
 
-def upload(xp, raw: np.ndarray, qtype: T, in_products: bool) -> QuantMatrix:
+def upload(xp, raw: np.ndarray, qtype: QType, in_products: bool) -> QuantMatrix:
     quants.check_supported(qtype, "matrix")
     cols = quants.row_elements(raw, qtype)
     if cols % _block_elements(qtype):
@@ -83,7 +83,7 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch):
             matvec(k, x[t0:t0 + MATVEC_MAX_TOKENS], w, y[t0:t0 + MATVEC_MAX_TOKENS])
         return y
     x16 = k.xp.empty(x.shape, np.float16)
-    dequantize(k, x.view(np.uint8), T.F32, x16)  # as astype(float16), in a kernel the emulator's graphs replay too
+    dequantize(k, x.view(np.uint8), QType.F32, x16)  # as astype(float16), in a kernel the emulator's graphs replay too
     buf, chunk = scratch.rows(w)
     for r0 in range(0, w.rows, chunk):
         r1 = min(w.rows, r0 + chunk)
@@ -107,7 +107,7 @@ def matvec(k, x, w: QuantMatrix, y) -> None:
         k.function("matvec", f"matvec_batch_{TYPE_SUFFIX[w.qtype]}")(grid, block, (*args, np.int32(n_tok)))
 
 
-def dequantize(k, raw, qtype: T, out) -> None:
+def dequantize(k, raw, qtype: QType, out) -> None:
     """Rows of raw GGUF bytes (rows, bytes per row) -> out (rows, cols) float16."""
     check(raw, np.uint8, "raw")
     check(out, np.float16, "out")
@@ -118,7 +118,7 @@ def dequantize(k, raw, qtype: T, out) -> None:
         (raw, out, np.int32(rows), np.int32(cols)))
 
 
-def get_rows(k, raw, qtype: T, ids):
+def get_rows(k, raw, qtype: QType, ids):
     """Rows ids (device int32) of raw GGUF bytes (rows, bytes per row) -> (len(ids), cols) float32."""
     check(raw, np.uint8, "raw")
     check(ids, np.int32, "ids")

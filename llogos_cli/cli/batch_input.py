@@ -15,19 +15,18 @@ from dataclasses import dataclass, replace
 from llogos_cli.engine.batch import Request, row_seed
 from llogos_cli.engine.conversation import ChatFormat, parse_messages
 from llogos_cli.engine.grammar import Grammar
-from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
+from llogos_cli.engine.sampling import DRAW_SEED, REQUEST_FIELDS, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 
-# Per-line overrides: JSON name -> (SamplingParams or StopCriteria field, accepted types).
-_SAMPLING = {"temperature": ("temp", (int, float)), "top_k": ("top_k", int), "top_p": ("top_p", (int, float)),
-             "min_p": ("min_p", (int, float)), "seed": ("seed", int)}
+# A line's sampling fields are the server's (REQUEST_FIELDS): whole numbers for these, any number otherwise.
+_WHOLE = {"top_k", "seed"}
 _FIELDS = {"id", "prompt", "messages", "n_predict", "max_tokens", "stop", "ignore_eos", "logprobs", "json_schema",
-           "grammar", *_SAMPLING}
+           "grammar", *REQUEST_FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
-class Defaults:
+class LineDefaults:
     """What a line does not say: the command line's flags."""
     params: SamplingParams
     criteria: StopCriteria
@@ -64,7 +63,7 @@ class Line:
     fields: dict
 
 
-def read_items(lines: Iterable[str], tokenizer, chat: ChatFormat | None, defaults: Defaults,
+def read_items(lines: Iterable[str], tokenizer, chat: ChatFormat | None, defaults: LineDefaults,
                done: Done = Done()) -> Iterator[tuple[int, Request | LineError]]:
     """Requests (or LineErrors) in input order, each with its line number; what is `done` already
     (for --resume) is passed over."""
@@ -103,7 +102,7 @@ def read_lines(lines: Iterable[str], done: Done = Done()) -> Iterator[Line | Lin
             yield Line(rid, number, fields)
 
 
-def to_request(line: Line, tokenizer, chat: ChatFormat | None, defaults: Defaults) -> Request | LineError:
+def to_request(line: Line, tokenizer, chat: ChatFormat | None, defaults: LineDefaults) -> Request | LineError:
     """The line's request, or the LineError that says why it cannot be one."""
     try:
         return _request(line.id, line.fields, tokenizer, chat, defaults)
@@ -127,7 +126,7 @@ def _parse_json(line: str) -> dict:
     return fields
 
 
-def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: Defaults) -> Request:
+def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: LineDefaults) -> Request:
     unknown = sorted(set(fields) - _FIELDS)
     if unknown:
         raise LlogosError(f"unknown field \"{unknown[0]}\" (known: {', '.join(sorted(_FIELDS))})")
@@ -165,7 +164,8 @@ def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: Defaults)
         if n_logprobs < 0:
             raise LlogosError("\"logprobs\" must be the number of top log-probabilities to report")
         n_logprobs = int(n_logprobs)
-    overrides = {field: _typed(fields, name, kinds) for name, (field, kinds) in _SAMPLING.items() if name in fields}
+    overrides = {field: _typed(fields, name, int if name in _WHOLE else (int, float))
+                 for name, field in REQUEST_FIELDS.items() if name in fields}
     if overrides.get("seed") == DRAW_SEED:   # the row's own, as without "seed"
         del overrides["seed"]
     overrides.setdefault("seed", row_seed(d.seed, rid))

@@ -6,7 +6,7 @@ with the same seed the same text, wherever it runs.
 
 from dataclasses import dataclass
 
-from llogos_cli.cli.batch_input import Defaults
+from llogos_cli.cli.batch_input import LineDefaults
 from llogos_cli.cli.options import cache_types, chat_format_or_none, sampling_params, threads
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import ChatFormat
@@ -19,7 +19,7 @@ from llogos_cli.tokenizer.tokenizer import Tokenizer
 class BatchSetup:
     tokenizer: Tokenizer
     chat: ChatFormat | None
-    defaults: Defaults
+    defaults: LineDefaults
     engine: BatchEngine
     description: str           # "8 slots of 4096 tokens on cpu"
 
@@ -31,7 +31,7 @@ def set_up(o: dict, seed: int) -> BatchSetup:
     tok = mf.tokenizer
     params = sampling_params(o, mf.sampling_defaults)
     chat = chat_format_or_none(o, mf.file.meta, mf.entry, tok)
-    defaults = Defaults(params, StopCriteria(o["n_predict"], tuple(o["stop"]), o["ignore_eos"]), o["logprobs"],
+    defaults = LineDefaults(params, StopCriteria(o["n_predict"], tuple(o["stop"]), o["ignore_eos"]), o["logprobs"],
                         params.seed if params.seed is not None else seed)
     n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
     m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"], threads=threads(o))

@@ -23,7 +23,7 @@ def _random_seed(ctx, param, seed: int | None) -> int | None:
 
 # Sampling flags, each with llama.cpp's name and meaning. Defaults live in SamplingParams so a
 # model's [models.X.sampling] table in models.toml can sit between them and the command line.
-_SAMPLING = [
+_SAMPLING_OPTIONS = [
     click.option("--temp", type=float, help="Temperature; 0 samples greedily. [default: 0.8]"),
     click.option("--top-k", type=int, help="Keep the K most likely tokens; 0 keeps all. [default: 40]"),
     click.option("--top-p", type=float, help="Keep the smallest set with this total probability. [default: 0.95]"),
@@ -103,7 +103,7 @@ def _apply(options):
     return decorate
 
 
-sampling_options = _apply(_SAMPLING)
+sampling_options = _apply(_SAMPLING_OPTIONS)
 model_options = _apply(_MODEL)
 template_options = _apply(_TEMPLATE)
 grammar_options = _apply(_GRAMMAR)

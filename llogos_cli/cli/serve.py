@@ -47,7 +47,8 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
               help="Tokens to generate when a request gives no max_tokens; -1 = until the end of generation "
                    "or a full context.")
 @click.option("--cache-prompt/--no-cache-prompt", default=True, show_default=True,
-              help="Reuse the KV of a prompt's beginning that an earlier request already evaluated (prefix caching).")
+              help="Reuse the KV of a prompt's beginning that an earlier request already evaluated (prefix caching, "
+                   "and each slot's last request, recurrent state included).")
 @click.option("--cache-ram", type=click.IntRange(min=0), default=CACHE_RAM_MIB, show_default=True, metavar="MiB",
               help="Memory the paged KV pool holds beyond its slots' contexts for blocks kept for prefix reuse "
                    "(the pool: at most half of what is free after loading); the least recently used go first. "
@@ -62,7 +63,7 @@ def serve(**o):
         from llogos_cli.server.app import Hub, Service, create_app
         from llogos_cli.server.engine_thread import EngineThread
         from llogos_cli.server.metrics import Metrics
-        from llogos_cli.server.prepare import Defaults
+        from llogos_cli.server.prepare import RequestDefaults
         from llogos_cli.server.run import run
     except ImportError as e:
         raise LlogosError(f"`llogos serve` needs the server extra ({e.name} is missing): "
@@ -90,14 +91,14 @@ def serve(**o):
         try:
             m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"], threads=threads(o))
             engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"],
-                                 o["cache_ram"] << 20 if o["cache_prompt"] else 0)
+                                 o["cache_ram"] << 20 if o["cache_prompt"] else 0, keep_slots=o["cache_prompt"])
         except (LlogosError, MemoryError) as e:
             failure.append(e)
             app.state.server.should_exit = True
             return
         thread = EngineThread(engine, loop, o["parallel"], o["queue_size"], hub.metrics)
         thread.start()
-        hub.service = Service(thread, tok, chat, Defaults(params, o["n_predict"]), n_ctx)
+        hub.service = Service(thread, tok, chat, RequestDefaults(params, o["n_predict"]), n_ctx)
         slots = f"{o['parallel']} slot{'s' if o['parallel'] > 1 else ''}"
         err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.backend.name}, {slots} of {n_ctx} tokens)",
                   markup=False, highlight=False, soft_wrap=True)

@@ -15,6 +15,11 @@ from llogos_cli.errors import LlogosError
 
 # llama.cpp's spelling of "draw a seed" (its default), which scripts and clients written for it pass.
 DRAW_SEED = -1
+# A request's sampling fields, as the OpenAI API and llama-server spell them (a server request, a
+# line of `llogos batch`) -> the SamplingParams field each sets.
+REQUEST_FIELDS = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                  "repeat_penalty": "repeat_penalty", "seed": "seed"}
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:

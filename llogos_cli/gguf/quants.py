@@ -7,13 +7,13 @@ elements/s on Q8_0, too slow to expand a model at start-up, so the CPU backend u
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.layout import printable
 
 
-def _blocks(raw: np.ndarray, qtype: T) -> np.ndarray:
+def _blocks(raw: np.ndarray, qtype: QType) -> np.ndarray:
     """View raw row bytes as (rows, blocks per row, bytes per block)."""
     _, type_size = GGML_QUANT_SIZES[qtype]
     return raw.reshape(raw.shape[0], -1, type_size)
@@ -158,25 +158,25 @@ def _mxfp4(b):  # e:E8M0, qs:u8[16] (nibbles as Q4_0, each an index into MXFP4_V
     return e8m0_half(b[..., 0:1]) * MXFP4_VALUES[_nibbles(b[..., 1:17])]
 
 
-_DEQUANT = {T.Q8_0: _q8_0, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1,
-            T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
-            T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs, T.MXFP4: _mxfp4}
-_PLAIN = {T.F32: np.float32, T.F16: np.float16}
-SUPPORTED = frozenset(_DEQUANT) | frozenset(_PLAIN) | {T.BF16}
+_DEQUANT = {QType.Q8_0: _q8_0, QType.Q4_0: _q4_0, QType.Q4_1: _q4_1, QType.Q5_0: _q5_0, QType.Q5_1: _q5_1,
+            QType.Q2_K: _q2_k, QType.Q3_K: _q3_k, QType.Q4_K: _q4_k, QType.Q5_K: _q5_k, QType.Q6_K: _q6_k,
+            QType.IQ4_NL: _iq4_nl, QType.IQ4_XS: _iq4_xs, QType.MXFP4: _mxfp4}
+_PLAIN = {QType.F32: np.float32, QType.F16: np.float16}
+SUPPORTED = frozenset(_DEQUANT) | frozenset(_PLAIN) | {QType.BF16}
 
 
-def check_supported(qtype: T, name: str) -> None:
+def check_supported(qtype: QType, name: str) -> None:
     if qtype not in SUPPORTED:
         raise LlogosError(f"unsupported tensor type {qtype.name} for {printable(name)} "
                           f"(supported: {', '.join(sorted(t.name for t in SUPPORTED))})")
 
 
-def row_elements(raw: np.ndarray, qtype: T) -> int:
+def row_elements(raw: np.ndarray, qtype: QType) -> int:
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     return raw.shape[-1] // type_size * block_size
 
 
-def dequantize(raw: np.ndarray, qtype: T) -> np.ndarray:
+def dequantize(raw: np.ndarray, qtype: QType) -> np.ndarray:
     """Raw bytes (rows, bytes per row) of type `qtype` -> float32 (rows, cols)."""
     check_supported(qtype, "tensor")
     out = np.empty((raw.shape[0], row_elements(raw, qtype)), dtype=np.float32)
@@ -187,9 +187,9 @@ def dequantize(raw: np.ndarray, qtype: T) -> np.ndarray:
     return out
 
 
-def _rows(raw: np.ndarray, qtype: T) -> np.ndarray:
+def _rows(raw: np.ndarray, qtype: QType) -> np.ndarray:
     if qtype in _PLAIN:
         return raw.view(_PLAIN[qtype])
-    if qtype == T.BF16:
+    if qtype == QType.BF16:
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     return _DEQUANT[qtype](_blocks(raw, qtype)).reshape(raw.shape[0], -1)

@@ -31,7 +31,7 @@ from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
 from llogos_cli.server.metrics import Metrics
 from llogos_cli.server.prepare import (
-    Defaults,
+    RequestDefaults,
     Prepared,
     prepare_chat,
     prepare_completion,
@@ -48,7 +48,7 @@ class Service:
     engine: EngineThread
     tokenizer: object
     chat: ChatFormat | None
-    defaults: Defaults
+    defaults: RequestDefaults
     n_ctx: int
 
 

@@ -11,21 +11,15 @@ from dataclasses import dataclass, replace
 from llogos_cli.engine.batch import Request, row_seed
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.engine.grammar import Grammar, Matcher
-from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
+from llogos_cli.engine.sampling import DRAW_SEED, REQUEST_FIELDS, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server import tool_calls, tool_prompt
 from llogos_cli.server.schemas import ChatCompletionRequest, CompletionRequest
 
-# Request fields -> SamplingParams fields.
-_SAMPLING = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-             "repeat_penalty": "repeat_penalty", "seed": "seed"}
-
-
 @dataclass(frozen=True, slots=True)
-class Defaults:
+class RequestDefaults:
     """What a request does not say: `llogos serve`'s flags over the model's defaults."""
     params: SamplingParams
     n_predict: int
@@ -40,7 +34,7 @@ class Prepared:
     parallel_tool_calls: bool = True
 
 
-def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None, defaults: Defaults,
+def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None, defaults: RequestDefaults,
                  n_ctx: int) -> Prepared:
     if chat is None:
         raise ApiError(400, "the model has no chat template; start the server with --chat-template NAME "
@@ -99,7 +93,7 @@ def _grammar(make, param: str):
         raise ApiError(400, str(e), param=param, code="invalid_schema") from None
 
 
-def prepare_completion(body: CompletionRequest, tokenizer, defaults: Defaults, n_ctx: int) -> Prepared:
+def prepare_completion(body: CompletionRequest, tokenizer, defaults: RequestDefaults, n_ctx: int) -> Prepared:
     if isinstance(body.prompt, str):
         ids = _encode(tokenizer, body.prompt, add_bos=None)
     else:
@@ -119,7 +113,7 @@ def _encode(tokenizer, text: str, add_bos: bool | None) -> list[int]:
         raise ApiError(400, str(e)) from None
 
 
-def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults: Defaults, n_ctx: int,
+def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults: RequestDefaults, n_ctx: int,
               tokenizer, grammar: Grammar | None = None) -> Prepared:
     if not ids:
         raise ApiError(400, "the prompt is empty after tokenization")
@@ -131,7 +125,7 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
         raise ApiError(400, f"max_tokens {n_predict} does not fit: the prompt has {len(ids)} tokens and the "
                        f"context {n_ctx}, leaving {n_ctx - len(ids)}", code="context_length_exceeded",
                        param="max_tokens")
-    overrides = {field: getattr(body, name) for name, field in _SAMPLING.items() if getattr(body, name) is not None}
+    overrides = {field: getattr(body, name) for name, field in REQUEST_FIELDS.items() if getattr(body, name) is not None}
     if body.logit_bias:
         overrides["logit_bias"] = _logit_bias(body.logit_bias, tokenizer.n_vocab)
     if overrides.get("seed") == DRAW_SEED:   # a random one, even over the server's --seed, as llama-server does

@@ -9,7 +9,7 @@ are chosen to leave partial thread blocks, warps and row chunks.
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize as gguf_dequantize
 
 from bench.synthetic_gguf import random_rows
@@ -20,17 +20,17 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
 from tests.conftest import FIXTURES, need, relative_error
 
-WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-                T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+WEIGHT_TYPES = [QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K,
+                QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4]
 CPU = NumpyBackend()
 
 
-def random_weights(rng, qtype: T, rows: int, cols: int) -> np.ndarray:
+def random_weights(rng, qtype: QType, rows: int, cols: int) -> np.ndarray:
     """Random GGUF bytes (rows, bytes per row): every quant bit pattern, finite scales, weights ~1."""
     return random_rows(qtype, rows, cols, rng, scale=1.0)
 
 
-def reference(raw: np.ndarray, qtype: T) -> np.ndarray:
+def reference(raw: np.ndarray, qtype: QType) -> np.ndarray:
     return gguf_dequantize(raw, qtype).reshape(raw.shape[0], -1).astype(np.float32)
 
 
@@ -71,7 +71,7 @@ def test_embed_gathers_and_decodes_rows(backend, qtype):
 
 
 def test_embed_rejects_ids_outside_the_vocabulary(backend):
-    table = backend.matrix(random_weights(np.random.default_rng(0), T.Q8_0, 4, 32), T.Q8_0, matmul=False)
+    table = backend.matrix(random_weights(np.random.default_rng(0), QType.Q8_0, 4, 32), QType.Q8_0, matmul=False)
     with pytest.raises(LlogosError, match="outside the vocabulary"):
         backend.embed(table, np.array([1, 4]))
 
@@ -127,7 +127,7 @@ def test_route_and_matmul_experts(backend, qtype):
     assert_close(got, CPU.matmul_experts(per_pair, cpu_w, want_experts, n_expert, want_weights, bias), rtol=1e-5)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.BF16], ids=lambda t: t.name)
 def test_matmul_dequantizes_in_row_chunks(backend, qtype):
     cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
     _check_product(backend, qtype, cuda_matmul.GEMM_MIN_TOKENS, cuda_matmul.Scratch(backend.xp, limit=5 * cols))
@@ -135,10 +135,10 @@ def test_matmul_dequantizes_in_row_chunks(backend, qtype):
 
 def test_plain_matrices_need_rows_of_four(backend):
     with pytest.raises(LlogosError, match="multiple of 4"):
-        backend.matrix(np.zeros((2, 34 * 4), np.uint8), T.F32, matmul=True)
+        backend.matrix(np.zeros((2, 34 * 4), np.uint8), QType.F32, matmul=True)
     # Shorter rows are a convolution kernel's (LFM2's are 3 wide), held as float32 for ssm_conv.
     kernel = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
-    np.testing.assert_array_equal(host(backend, backend.matrix(kernel.view(np.uint8), T.F32, matmul=True)), kernel)
+    np.testing.assert_array_equal(host(backend, backend.matrix(kernel.view(np.uint8), QType.F32, matmul=True)), kernel)
 
 
 # ------------------------------------------------------------------ elementwise and norms
@@ -262,8 +262,8 @@ def test_ssm_conv_advances_each_slots_state(backend, runs):
     state = rng.standard_normal((5, kernel - 1, channels)).astype(np.float32)
     x = rng.standard_normal((sum(n for _, n in runs), channels)).astype(np.float32)
     state_dev = backend.xp.array(state)  # a copy, also under the emulator
-    got = backend.ssm_conv(backend.xp.asarray(x), state_dev, backend.matrix(raw, T.F32, matmul=True), layout)
-    want = CPU.ssm_conv(x, state, CPU.matrix(raw, T.F32, matmul=True), cpu_layout)
+    got = backend.ssm_conv(backend.xp.asarray(x), state_dev, backend.matrix(raw, QType.F32, matmul=True), layout)
+    want = CPU.ssm_conv(x, state, CPU.matrix(raw, QType.F32, matmul=True), cpu_layout)
     assert_close(host(backend, got), want, rtol=1e-6)
     np.testing.assert_array_equal(host(backend, state_dev), state)
 
@@ -337,7 +337,7 @@ def test_kv_store_and_attention(backend, type_k, type_v, runs, window):
     cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
     for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
         stored = host(backend, getattr(caches[1], name))
-        decoded = reference(stored.reshape(-1, stored.shape[-1]), {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}[cache_type])
+        decoded = reference(stored.reshape(-1, stored.shape[-1]), {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}[cache_type])
         np.testing.assert_array_equal(decoded.reshape(n_slots, n_kv, n_ctx, d), getattr(caches[0], name).astype(np.float32))
     q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
     got = backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window)
@@ -367,7 +367,7 @@ def test_paged_kv_store_and_attention(backend, type_k, type_v, runs, window):
                                                        for slot, n in runs], n_kv, dk, dv)
     for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
         stored = host(backend, getattr(caches[1], name))
-        decoded = reference(stored.reshape(-1, stored.shape[-1]), {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}[cache_type])
+        decoded = reference(stored.reshape(-1, stored.shape[-1]), {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}[cache_type])
         np.testing.assert_array_equal(decoded.reshape(n_blocks + 1, n_kv, block, d),
                                       getattr(caches[0], name).astype(np.float32))
     q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
