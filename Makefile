@@ -35,10 +35,10 @@ run: venv
 	@echo "try next: .venv/bin/llogos chat -m $(MODEL)   or   .venv/bin/llogos --help   (make test adds the server, Ray and test extras)" >&2
 
 test: models test-venv cuda-check
-	$(PY) -m pytest --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
+	$(PY) -m pytest -rs --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
 
 cuda-check: test-venv
-	$(PY) -m pytest -q tests/test_cuda_compile.py tests/test_cuda_emulated.py
+	$(PY) -m pytest -q -rs tests/test_cuda_compile.py tests/test_cuda_emulated.py
 
 bench: venv
 	$(PY) bench/bench_cpu.py

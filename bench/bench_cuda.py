@@ -103,8 +103,8 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), rows: 
     fraction of the copy bandwidth. 1 token is decode; 4 and 8 a short batch."""
     import cupy
 
-    from llogos_cli.backends import cuda_matmul
-    from llogos_cli.backends.cuda_backend import CudaBackend
+    from llogos_cli.backends.cuda import cuda_matmul
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 
     b, src = backend or CudaBackend(), RandomBytes(1)
     out = []
@@ -126,7 +126,7 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), rows: 
 def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int], backend=None) -> dict:
     import cupy
 
-    from llogos_cli.backends.cuda_backend import CudaBackend
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 
     b = backend or CudaBackend()
     t = time.perf_counter()

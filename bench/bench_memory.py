@@ -9,7 +9,7 @@ layers hold a float32 state whose size does not depend on the context. Prints a 
 
 import dataclasses
 
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.model.config import ModelConfig, SSMConfig
 from llogos_cli.model.families import FAMILIES
 from llogos_cli.model.forward import Model

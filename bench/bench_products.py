@@ -1,4 +1,4 @@
-"""Float32 products of a few rows, OpenBLAS against backends/cpu_rows, on one decode step's shapes.
+"""Float32 products of a few rows, OpenBLAS against backends/cpu/cpu_rows, on one decode step's shapes.
 
     PYTHONPATH=. python bench/bench_products.py [--rows 1,4,16,32,64] [--reps 10]
 
@@ -16,7 +16,7 @@ from datetime import date
 
 import numpy as np
 
-from llogos_cli.backends.cpu_rows import MAX_ROWS, matmul_rows
+from llogos_cli.backends.cpu.cpu_rows import MAX_ROWS, matmul_rows
 
 N_LAYER, N_EMBD, N_FF, N_KV, N_VOCAB = 30, 576, 1536, 192, 49152
 LAYER_SHAPES = ((N_EMBD, N_EMBD), (N_KV, N_EMBD), (N_KV, N_EMBD), (N_EMBD, N_EMBD),

@@ -18,7 +18,7 @@ import sys
 import time
 from datetime import date
 
-from llogos_cli.backends.cpu_threads import available_cores
+from llogos_cli.backends.cpu.cpu_threads import available_cores
 from llogos_cli.model.registry import resolve_model
 
 PROMPT = "The history of the city begins"

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from llogos_cli.backends import cpu_rows
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu import cpu_rows
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request, row_seed
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.sampling import SamplingParams

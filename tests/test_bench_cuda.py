@@ -91,7 +91,7 @@ def fake_cupy() -> SimpleNamespace:
 def test_the_benchmark_runs_through_under_the_emulator(bench_cuda, monkeypatch, tmp_path):
     """Every step of a model's benchmark and of the product table, with the CUDA kernels run by the
     CPU emulator on a small hybrid model: what a GPU session would run, minus the GPU."""
-    from llogos_cli.backends.cuda_backend import CudaBackend
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
     from tests.emu.emulator import EmuKernels
 
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy())

@@ -4,7 +4,7 @@ unpaged and through block tables, with windows, soft-capping and sinks, and the 
 import numpy as np
 import pytest
 
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 
 
 def reference(q, keys, values, scale, softcap, sink):

@@ -8,9 +8,9 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from bench.synthetic_gguf import random_rows
-from llogos_cli.backends import cpu_quant, cpu_rows
-from llogos_cli.backends.cpu_quant_dequant import TYPES
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu import cpu_quant, cpu_rows
+from llogos_cli.backends.cpu.cpu_quant_dequant import TYPES
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.engine.perplexity import perplexity
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model

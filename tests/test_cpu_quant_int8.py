@@ -11,9 +11,9 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants as gguf_quants
 
 from bench.synthetic_gguf import random_rows
-from llogos_cli.backends import cpu_quant, cpu_quant_int8
-from llogos_cli.backends.cpu_quant import choose_isa
-from llogos_cli.backends.cpu_simd_int8 import ISA_ARG, host_isa
+from llogos_cli.backends.cpu import cpu_quant, cpu_quant_int8
+from llogos_cli.backends.cpu.cpu_quant import choose_isa
+from llogos_cli.backends.cpu.cpu_simd_int8 import ISA_ARG, host_isa
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load
 from tests.conftest import FIXTURES, need, relative_error
@@ -174,7 +174,7 @@ def test_products_sharing_an_input_are_each_alone(isa):
 def test_expert_rows_cut_anywhere_in_the_tiles(out):
     """A stacked experts matrix whose experts begin inside a tile of the plain types' tiled rows
     (8 rows an expert: every other one does) multiplies as the float64 product of its own rows."""
-    from llogos_cli.backends.numpy_backend import NumpyBackend
+    from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
     rng = np.random.default_rng(out)
     n_expert, cols = 4, 64
     raw = random_rows(QType.Q8_0, n_expert * out, cols, rng)

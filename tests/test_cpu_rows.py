@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends import cpu_rows, numpy_backend
-from llogos_cli.backends.cpu_simd import ROW_LANES, f32_rows_tile
+from llogos_cli.backends.cpu import cpu_rows, numpy_backend
+from llogos_cli.backends.cpu.cpu_simd import ROW_LANES, f32_rows_tile
 
 
 @pytest.mark.parametrize("n_tok", (0, 1, 2, 15, 16, 17, 33, 48, 64))

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-from llogos_cli.backends import cpu_threads
-from llogos_cli.backends.cpu_threads import CpuThreads, available_cores, free_cores
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu import cpu_threads
+from llogos_cli.backends.cpu.cpu_threads import CpuThreads, available_cores, free_cores
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 
 

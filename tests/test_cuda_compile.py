@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from llogos_cli.backends.cuda_kernels import CUDA_DIR, nvrtc_options, nvrtc_source
+from llogos_cli.backends.cuda.cuda_kernels import CUDA_DIR, nvrtc_options, nvrtc_source
 
 SOURCES = sorted(p.name for p in CUDA_DIR.glob("*.cu"))
 ARCHS = ("sm_80", "sm_90")

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends import cuda_attention, cuda_matmul
-from llogos_cli.backends.cuda_attention import FUSED_MAX_TOKENS
-from llogos_cli.backends.cuda_backend import CudaBackend
-from llogos_cli.backends.cuda_batch import Run
+from llogos_cli.backends.cuda import cuda_attention, cuda_matmul
+from llogos_cli.backends.cuda.cuda_attention import FUSED_MAX_TOKENS
+from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+from llogos_cli.backends.cuda.cuda_batch import Run
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
 from tests.emu.emulator import EmuKernels, EmulationError

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a C
 
 @pytest.fixture(scope="module")
 def backend():
-    from llogos_cli.backends.cuda_backend import CudaBackend
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
     return CudaBackend()
 
 

@@ -22,7 +22,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig

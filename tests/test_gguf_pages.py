@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from llogos_cli.backends import numpy_backend
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu import numpy_backend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.gguf.file import GGUFFile, drop_pages, drop_rows
 from llogos_cli.model.forward import Model
 from tests.conftest import FIXTURES, need

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends.numpy_attention import batch_layout
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_attention import batch_layout
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig

@@ -7,7 +7,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.grammar import Grammar, Matcher

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.stops import StopCriteria

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
 from tests.conftest import FIXTURES, copy_gguf, need, relative_error

@@ -1,17 +1,14 @@
 """The paged KV cache: KV in a pool of blocks reached through block tables, rows sharing a prefix's
 blocks, admission by blocks and recompute preemption when the pool runs dry."""
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
 
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request, row_seed
 from llogos_cli.engine.generation import Generation
-from llogos_cli.engine.prefix_cache import BLOCK_SIZE, BlockManager
+from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.engine.sampling import SamplingParams
-from llogos_cli.engine.scheduler import Scheduler
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model import memory
@@ -168,52 +165,12 @@ def test_every_family_gives_the_same_greedy_tokens_batched_with_and_without_the_
         assert hits > 0 if cache and not any(m.cfg.recurrent) else hits == 0, (name, cache)
 
 
-# ---------------------------------------------------------------- the scheduler's books
-@dataclass(eq=False)
-class FakeRow:
-    tokens: list[int]
-    slot: int = -1
-    n_cached: int = 0
-    blocks: list[int] = field(default_factory=list)
-    n_sealed: int = 0
-    prefix_hit: int = 0
-    started: float = 0.0
-
-
-def test_a_row_is_admitted_by_the_blocks_of_its_prompt_and_waits_when_they_are_not_free():
-    scheduler = Scheduler(4, 512, BlockManager(5, 4))
-    first, second = FakeRow(list(range(10))), FakeRow(list(range(100, 110)))
-    scheduler.add(first)
-    scheduler.add(second)
-    work = scheduler.schedule()
-    assert [w.row for w in work] == [first] and len(first.blocks) == 3   # 10 tokens: 3 blocks of 4
-    assert list(scheduler.waiting) == [second]                           # 3 more than the 2 left
-
-
-def test_a_decoding_row_that_fills_its_blocks_preempts_the_newest_row():
-    scheduler = Scheduler(2, 512, BlockManager(4, 4))
-    old, new = FakeRow(list(range(8))), FakeRow(list(range(100, 108)))
-    for row in (old, new):
-        scheduler.add(row)
-        scheduler.schedule()
-        row.n_cached = len(row.tokens) - 1   # prefilled; its next token lands in its second block
-    assert scheduler.blocks.n_free == 0
-    for row in (old, new):
-        row.n_cached += 1
-        row.tokens.append(1)                 # a token sampled: the next one needs a third block
-    new.started = 1.0
-    work = scheduler.schedule()
-    assert [w.row for w in work] == [old] and len(old.blocks) == 3
-    assert list(scheduler.waiting) == [new] and new.blocks == [] and (new.slot, new.n_cached) == (-1, 0)
-    assert scheduler.n_preempted == 1 and scheduler.slots.n_free == 1
-
-
 # ---------------------------------------------------------------- the CUDA backend (emulated)
 def test_the_cuda_backend_pages_shares_and_preempts_the_same_way(monkeypatch):
     """Block tables in the CUDA kernels (run by the CPU emulator), decode steps through captured
     graphs whose tables are rewritten in place, in the smallest pool: rows share a prefix's blocks,
     are preempted and recomputed, and each gives what it gives alone."""
-    from llogos_cli.backends.cuda_backend import CudaBackend
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
     from tests.emu.emulator import EmuKernels
     monkeypatch.setattr(memory, "gpu_available", lambda: 0)
     f = GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf"))

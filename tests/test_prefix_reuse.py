@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llogos_cli.backends.cuda_backend import CudaBackend
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.engine.sampling import SamplingParams

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from tests.conftest import relative_error
 from tests.test_model_fixtures import load
 

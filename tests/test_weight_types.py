@@ -14,10 +14,11 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from bench.synthetic_gguf import random_rows
-from llogos_cli.backends import cpu_quant_dequant, cuda_matmul
-from llogos_cli.backends.cuda_backend import CudaBackend
-from llogos_cli.backends.cuda_kernels import TYPE_SUFFIX
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu import cpu_quant_dequant
+from llogos_cli.backends.cuda import cuda_matmul
+from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+from llogos_cli.backends.cuda.cuda_kernels import TYPE_SUFFIX
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig

@@ -106,7 +106,7 @@ def get_backend(name: str, cpu_weights: str = "f32", batched: bool = False, thre
     if name == "cuda" and not gpu:
         raise LlogosError("--backend cuda needs CuPy and a CUDA GPU; none was found (install llogos[cuda])")
     if gpu:
-        from llogos_cli.backends.cuda_backend import CudaBackend
+        from llogos_cli.backends.cuda.cuda_backend import CudaBackend
         try:
             return CudaBackend()
         except LlogosError as e:  # a GPU without a usable CUDA stack: auto falls back, cuda says why
@@ -114,6 +114,6 @@ def get_backend(name: str, cpu_weights: str = "f32", batched: bool = False, thre
                 raise
             from llogos_cli.console import warn
             warn(f"{e}; running on the CPU")
-    from llogos_cli.backends.cpu_threads import CpuThreads
-    from llogos_cli.backends.numpy_backend import NumpyBackend
+    from llogos_cli.backends.cpu.cpu_threads import CpuThreads
+    from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
     return NumpyBackend(cpu_weights, batched, CpuThreads(*threads))

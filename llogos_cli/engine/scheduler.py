@@ -127,17 +127,18 @@ class Scheduler:
         return True
 
     def _slot_for(self, row) -> int:
-        """A free slot: the parked one whose tokens begin the row's furthest, else one with nothing
-        parked, else the slot of the row parked longest ago."""
-        best, best_n = None, 0
+        """A free slot: the parked one whose tokens begin the row's furthest if they begin it by at
+        least half of what it holds (llama-server's slot similarity), else one with nothing parked,
+        else the parked one whose tokens begin it furthest, the one parked longest ago on a tie."""
+        best, best_n = next(iter(self.parked), None), 0
         for slot, parked in self.parked.items():
             n = _common(parked.tokens[:parked.n_cached], row.tokens)
             if n > best_n:
                 best, best_n = slot, n
-        if best is not None:
-            return best
         empty = [slot for slot in self.slots.free if slot not in self.parked]
-        return empty[-1] if empty else next(iter(self.parked))
+        if empty and (best is None or 2 * best_n < self.parked[best].n_cached):
+            return empty[-1]
+        return best
 
     def _continue(self, parked, row) -> tuple:
         """How the row continues the parked row in its slot: (tokens kept, their blocks, the named

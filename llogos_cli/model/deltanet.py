@@ -2,7 +2,7 @@
 
 Per sequence (cache slot) and layer the state is the last conv_kernel-1 inputs of a causal convolution and, per
 value head, a (head_v_dim, head_k_dim) matrix updated once per token by the gated delta rule (see
-backends/numpy_recurrent.py). Its size does not grow with the context.
+backends/cpu/numpy_recurrent.py). Its size does not grow with the context.
 """
 
 import math

@@ -1,6 +1,6 @@
 """Run the CUDA kernels on the CPU: cuda/*.cu compiled as host C++ behind a CuPy-shaped provider.
 
-`EmuKernels` has the members the launchers use of `llogos_cli.backends.cuda_kernels.CudaKernels`
+`EmuKernels` has the members the launchers use of `llogos_cli.backends.cuda.cuda_kernels.CudaKernels`
 (xp, function, gemm_f16, capture, to_host, synchronize) with NumPy arrays in place of device
 memory, so the launchers (grid sizes, kernel choice, argument packing) run unchanged against the
 emulated kernels.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llogos_cli.backends.cuda_kernels import check
+from llogos_cli.backends.cuda.cuda_kernels import check
 from llogos_cli.paths import PROJECT_ROOT, cache_dir
 
 CUDA_DIR = PROJECT_ROOT / "cuda"

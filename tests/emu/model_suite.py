@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llogos_cli.backends import cuda_matmul
+from llogos_cli.backends.cuda import cuda_matmul
 from llogos_cli.engine.decode_graph import GraphDecoder
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Batch, Model

@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize as gguf_dequantize
 
 from bench.synthetic_gguf import random_rows
-from llogos_cli.backends import cuda_attention, cuda_matmul, cuda_ops
-from llogos_cli.backends.numpy_backend import NumpyBackend
+from llogos_cli.backends.cuda import cuda_attention, cuda_matmul, cuda_ops
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model

@@ -40,7 +40,7 @@ def cache_folder() -> Path | None:
 import numba  # noqa: E402  (after NUMBA_CACHE_DIR is set)
 from numba.np.ufunc import parallel as _parallel  # noqa: E402
 
-from llogos_cli.backends.cpu_simd import float_from_bits  # noqa: E402
+from llogos_cli.backends.cpu.cpu_simd import float_from_bits  # noqa: E402
 
 # fastmath lets LLVM split float sums across SIMD lanes; the integer dot products are exact anyway.
 kernel = numba.njit(cache=True, fastmath=True, nogil=True)

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-from llogos_cli.backends import cpu_jit
+from llogos_cli.backends.cpu import cpu_jit
 
 
 def compile_in_child(weights: str, batched: bool, product_types: set) -> None:
@@ -30,7 +30,7 @@ def compile_in_child(weights: str, batched: bool, product_types: set) -> None:
     if done.exists():
         return
     try:
-        subprocess.run([sys.executable, "-m", "llogos_cli.backends.cpu_compile", spec], check=True,
+        subprocess.run([sys.executable, "-m", "llogos_cli.backends.cpu.cpu_compile", spec], check=True,
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         done.touch()
     except (OSError, subprocess.CalledProcessError):
@@ -40,7 +40,7 @@ def compile_in_child(weights: str, batched: bool, product_types: set) -> None:
 def _main(spec: str) -> None:
     from gguf import GGMLQuantizationType
 
-    from llogos_cli.backends.numpy_backend import NumpyBackend
+    from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
     s = json.loads(spec)
     backend = NumpyBackend(s["weights"], batched=s["batched"])
     backend.warm_up(product_types={GGMLQuantizationType(t) for t in s["types"]}, here=True)

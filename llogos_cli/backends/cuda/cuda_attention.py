@@ -17,10 +17,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends import QUERY_CHUNK, check_cache_type, cuda_ops
-from llogos_cli.backends.cuda_batch import Layout
-from llogos_cli.backends.cuda_kernels import cdiv, check
-from llogos_cli.backends.cuda_matmul import get_rows
+from llogos_cli.backends import QUERY_CHUNK, check_cache_type
+from llogos_cli.backends.cuda import cuda_ops
+from llogos_cli.backends.cuda.cuda_batch import Layout
+from llogos_cli.backends.cuda.cuda_kernels import cdiv, check
+from llogos_cli.backends.cuda.cuda_matmul import get_rows
 from llogos_cli.errors import LlogosError
 
 # The GGUF type a cache row is laid out as, for gathering rows with get_rows.

@@ -12,8 +12,8 @@ docs/PERF.md ("Products of a few rows").
 import llvmlite.binding as llvm
 import numpy as np
 
-from llogos_cli.backends.cpu_jit import parallel_kernel, prange, split_evenly
-from llogos_cli.backends.cpu_simd import ROW_LANES, f32_rows_tile
+from llogos_cli.backends.cpu.cpu_jit import parallel_kernel, prange, split_evenly
+from llogos_cli.backends.cpu.cpu_simd import ROW_LANES, f32_rows_tile
 
 MAX_ROWS = 4 * ROW_LANES
 # A matrix of fewer weights is left to BLAS: it is not what streaming from memory is about, and a

@@ -22,9 +22,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends.cpu_jit import kernel, parallel_kernel, prange
-from llogos_cli.backends.cpu_simd import PLAIN
-from llogos_cli.backends.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_dot8, tile_dot8
+from llogos_cli.backends.cpu.cpu_jit import kernel, parallel_kernel, prange
+from llogos_cli.backends.cpu.cpu_simd import PLAIN
+from llogos_cli.backends.cpu.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_dot8, tile_dot8
 
 BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)

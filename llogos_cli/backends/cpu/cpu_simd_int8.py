@@ -35,7 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from llogos_cli.backends.cpu_simd import (
+from llogos_cli.backends.cpu.cpu_simd import (
     F32,
     I8,
     I16,

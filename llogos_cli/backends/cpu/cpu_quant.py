@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends import CPU_DOT_TYPES, cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
-from llogos_cli.backends.cpu_jit import share_out
-from llogos_cli.backends.cpu_simd_int8 import ISA_ARG, host_isa
+from llogos_cli.backends import CPU_DOT_TYPES
+from llogos_cli.backends.cpu import cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
+from llogos_cli.backends.cpu.cpu_jit import share_out
+from llogos_cli.backends.cpu.cpu_simd_int8 import ISA_ARG, host_isa
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import drop_pages

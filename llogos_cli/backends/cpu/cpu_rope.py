@@ -1,6 +1,6 @@
 """Rotary position embedding as one compiled loop (the CPU paths that have numba loaded)."""
 
-from llogos_cli.backends.cpu_jit import kernel
+from llogos_cli.backends.cpu.cpu_jit import kernel
 
 
 @kernel

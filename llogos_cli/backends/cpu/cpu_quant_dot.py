@@ -24,7 +24,7 @@ in `xs`.
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends.cpu_jit import (
+from llogos_cli.backends.cpu.cpu_jit import (
     f16_at,
     helper,
     k_scales_mins,
@@ -32,7 +32,7 @@ from llogos_cli.backends.cpu_jit import (
     parallel_kernel,
     prange,
 )
-from llogos_cli.backends.cpu_simd import plain_row_dot, q4_k_row_dot, q6_k_half_sums
+from llogos_cli.backends.cpu.cpu_simd import plain_row_dot, q4_k_row_dot, q6_k_half_sums
 
 # The plain types' row products (cpu_simd).
 _q8_0_dot, _q4_0_dot, _q4_1_dot, _q5_0_dot, _q5_1_dot = (plain_row_dot(n) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))

@@ -9,8 +9,8 @@ its first element.
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends.cpu_jit import F16, f16_at, k_scales_mins, kernel
-from llogos_cli.backends.cpu_simd import plain_row_expand
+from llogos_cli.backends.cpu.cpu_jit import F16, f16_at, k_scales_mins, kernel
+from llogos_cli.backends.cpu.cpu_simd import plain_row_expand
 from llogos_cli.gguf.quants import IQ4_NL_VALUES, MXFP4_VALUES, e8m0_half
 
 E8M0_HALF = e8m0_half(np.arange(256, dtype=np.uint8))   # MXFP4's block multiplier by scale byte

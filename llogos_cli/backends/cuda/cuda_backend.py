@@ -14,10 +14,11 @@ are updated.
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends import MIN_PRODUCT_ROW, cuda_attention, cuda_batch, cuda_experts, cuda_ops, cuda_recurrent
-from llogos_cli.backends.cuda_attention import KVCache
-from llogos_cli.backends.cuda_batch import Layout
-from llogos_cli.backends.cuda_matmul import (
+from llogos_cli.backends import MIN_PRODUCT_ROW
+from llogos_cli.backends.cuda import cuda_attention, cuda_batch, cuda_experts, cuda_ops, cuda_recurrent
+from llogos_cli.backends.cuda.cuda_attention import KVCache
+from llogos_cli.backends.cuda.cuda_batch import Layout
+from llogos_cli.backends.cuda.cuda_matmul import (
     QuantMatrix,
     Scratch,
     get_rows,
@@ -36,7 +37,7 @@ class CudaBackend:
 
     def __init__(self, kernels=None):
         if kernels is None:
-            from llogos_cli.backends.cuda_kernels import CudaKernels
+            from llogos_cli.backends.cuda.cuda_kernels import CudaKernels
             kernels = CudaKernels()
         self.kernels, self.xp = kernels, kernels.xp
         self._scratch = Scratch(self.xp)

@@ -16,10 +16,10 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from llogos_cli.backends import MIN_PRODUCT_ROW
-from llogos_cli.backends.cpu_threads import CpuThreads
-from llogos_cli.backends.numpy_attention import AttentionOps, Layout
-from llogos_cli.backends.numpy_experts import ExpertOps
-from llogos_cli.backends.numpy_recurrent import RecurrentOps
+from llogos_cli.backends.cpu.cpu_threads import CpuThreads
+from llogos_cli.backends.cpu.numpy_attention import AttentionOps, Layout
+from llogos_cli.backends.cpu.numpy_experts import ExpertOps
+from llogos_cli.backends.cpu.numpy_recurrent import RecurrentOps
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import drop_pages, drop_rows
@@ -71,17 +71,17 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         self._rows = None
         self._product_types: set = set()   # the block types of the matrices held quantized, for warm_up
         if batched:
-            from llogos_cli.backends import cpu_rows
+            from llogos_cli.backends.cpu import cpu_rows
             self._rows = cpu_rows
         if weights == "quantized":   # imported here: numba's import and kernels cost the f32 path nothing
-            from llogos_cli.backends.cpu_quant import QuantMatmul
+            from llogos_cli.backends.cpu.cpu_quant import QuantMatmul
             self.quant_matmul = QuantMatmul()
         # With numba loaded anyway, the small steps around the products are compiled loops too:
         # a decode step makes hundreds of them, where NumPy's calls cost more than their arithmetic.
         self._jit = batched or weights == "quantized"
         if self._jit:
-            from llogos_cli.backends import cpu_glu, cpu_norm, cpu_quant_dequant, cpu_rope
-            from llogos_cli.backends.cpu_attention import attend_rows, store_rows
+            from llogos_cli.backends.cpu import cpu_glu, cpu_norm, cpu_quant_dequant, cpu_rope
+            from llogos_cli.backends.cpu.cpu_attention import attend_rows, store_rows
             self._norm, self._rope, self._glu, self._dequant = cpu_norm, cpu_rope, cpu_glu, cpu_quant_dequant
             self.compiled_attention, self.compiled_store = attend_rows, store_rows
 
@@ -114,7 +114,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         """What decode's products in the blocks multiply in (for --stats); None for float32 rows."""
         if self.weights != "quantized":
             return None
-        from llogos_cli.backends.cpu_quant import ISA_NAMES
+        from llogos_cli.backends.cpu.cpu_quant import ISA_NAMES
         return ISA_NAMES[self.quant_matmul.isa]
 
     def warm_up(self, product_types: set | None = None, here: bool = False) -> None:
@@ -123,7 +123,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         `here`, a child process compiles them first (cpu_compile), and this one loads them."""
         types = self._product_types if product_types is None else product_types
         if (self._rows is not None or self._jit) and not here:
-            from llogos_cli.backends.cpu_compile import compile_in_child
+            from llogos_cli.backends.cpu.cpu_compile import compile_in_child
             compile_in_child(self.weights, self._rows is not None, types)
         if self._rows is not None:
             self._rows.warm_up()

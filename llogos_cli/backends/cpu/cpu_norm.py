@@ -4,7 +4,7 @@ each cost more than the arithmetic."""
 
 import numpy as np
 
-from llogos_cli.backends.cpu_jit import kernel
+from llogos_cli.backends.cpu.cpu_jit import kernel
 
 
 @kernel

@@ -3,7 +3,7 @@ loaded): act(gate) · up, where NumPy took four to nine passes over the vectors 
 
 import numpy as np
 
-from llogos_cli.backends.cpu_jit import exp32, kernel
+from llogos_cli.backends.cpu.cpu_jit import exp32, kernel
 
 
 @kernel

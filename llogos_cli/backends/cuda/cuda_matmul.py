@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends.cuda_kernels import TYPE_SUFFIX, cdiv, check
+from llogos_cli.backends.cuda.cuda_kernels import TYPE_SUFFIX, cdiv, check
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 

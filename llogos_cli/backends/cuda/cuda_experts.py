@@ -8,8 +8,8 @@ that pair; grouping the pairs by expert (as the CPU does) would need the routing
 
 import numpy as np
 
-from llogos_cli.backends.cuda_kernels import TYPE_SUFFIX, cdiv, check
-from llogos_cli.backends.cuda_matmul import MATVEC_WARPS, QuantMatrix
+from llogos_cli.backends.cuda.cuda_kernels import TYPE_SUFFIX, cdiv, check
+from llogos_cli.backends.cuda.cuda_matmul import MATVEC_WARPS, QuantMatrix
 
 MAX_PAIRS = 65535   # (token, choice) pairs per launch: the grid's y dimension
 _THREADS = 256

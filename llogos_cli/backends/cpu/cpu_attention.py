@@ -5,7 +5,7 @@ than NumPy's dozen calls around them did."""
 
 import numpy as np
 
-from llogos_cli.backends.cpu_jit import exp32, kernel, parallel_kernel, prange, share_out
+from llogos_cli.backends.cpu.cpu_jit import exp32, kernel, parallel_kernel, prange, share_out
 
 
 def attend_rows(q, k, v, blocks, pos, scale, window, softcap, sinks, out):

@@ -6,7 +6,7 @@ and launches; outputs are new arrays, as the NumPy backend returns.
 
 import numpy as np
 
-from llogos_cli.backends.cuda_kernels import cdiv, check
+from llogos_cli.backends.cuda.cuda_kernels import cdiv, check
 
 _THREADS = 256
 

@@ -7,8 +7,8 @@ the device: the decode rows of a step are one launch, a prompt chunk another.
 
 import numpy as np
 
-from llogos_cli.backends.cuda_batch import Layout
-from llogos_cli.backends.cuda_kernels import cdiv, check
+from llogos_cli.backends.cuda.cuda_batch import Layout
+from llogos_cli.backends.cuda.cuda_kernels import cdiv, check
 
 DELTA_MAX_DK = 256  # DELTA_MAX_DK in delta_net.cu
 MAX_RUNS = 65535    # runs per launch: the grid's y dimension
