@@ -1,20 +1,17 @@
 """Dot products of GGUF block rows with the activations, reading the blocks in place.
 
-Each type takes the way measured fastest (docs/PERF.md, 2-core machine, rows of 2048):
+Each type takes the way measured fastest on rows of 2048 (the figures: docs/PERF.md):
 - Q6_K (a Q4_K_M model's LM head and half its ffn_down): the activations as two int16 parts per
   256 elements and the block's quants multiplied in integer SIMD registers (cpu_simd), one scale
-  multiply per half block in float: 11 G weights/s on two threads, against 7.9 for the float32
-  kernel, and as exact;
+  multiply per half block in float, as exact as the float32 kernel and faster;
 - Q4_K: in float32, a whole row in vector registers (cpu_simd.q4_k_row_dot), the sub-block
   scales worked out per block beforehand and the mins taken from the activations' sums over each
-  32 (`xs`, once per token) instead of every weight: 15 G weights/s on two threads, against 12.5
-  for the same sums written as numba loops;
+  32 (`xs`, once per token) instead of every weight;
 - Q5_K: a float32 sum per 32-weight sub-block, a reduction LLVM splits across SIMD registers,
   times the sub-block's scale once, the mins again from `xs`;
 - the plain types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): in float32 vector registers as well
   (cpu_simd.plain_row_dot), a block's 32 quants unpacked, converted and scaled as one vector,
-  summed once per row: on one thread of a 576-column matrix, Q4_1 12 G weights/s against 4.8 for
-  32 lanes kept in a scratch array, Q8_0 15.5 against 3.4.
+  summed once per row, rather than 32 lanes kept in a scratch array.
 
 numba widens integer arithmetic to int64; the np.uint8 casts on each decoded quant let LLVM keep
 the byte lanes narrow. Offsets: `o` a block's first byte, `e` its first element, `k` its index

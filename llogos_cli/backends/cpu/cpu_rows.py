@@ -1,7 +1,7 @@
 """Float32 products of a few rows (a batched decode step): x (R, K) · W (N, K)ᵀ for 2 <= R <= 64.
 
-OpenBLAS repacks the whole weight matrix on every small-row GEMM call, so a step of 16 rows cost
-it about 2.6 times the one-row GEMV, for a quarter more arithmetic. Here the weights are read
+OpenBLAS repacks the whole weight matrix on every small-row GEMM call, so a step of a few rows
+costs it several one-row GEMVs for little more arithmetic. Here the weights are read
 once, in place: the tokens go across the lanes of 1-4 vectors of 16 (x transposed into xt, a few
 hundred KiB at most), each weight is broadcast into them, and a tile of weight rows keeps its sums
 in registers for the whole row (cpu_simd.f32_rows_tile). Tiles are shared out over the cores in
