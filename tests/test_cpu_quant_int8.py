@@ -145,13 +145,18 @@ def test_stats_say_which_products_decode(monkeypatch):
 @pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
 def test_a_token_s_product_does_not_depend_on_the_tokens_beside_it(qtype, isa):
     """Bit for bit: rows are multiplied with several tokens at once (cpu_quant_int8.TOKENS), and a
-    batched row must come out as it would alone."""
+    batched row must come out as it would alone; also from the same QuantMatmul, whose arrays of
+    quantized activations the batch left with more rows than a token's product fills."""
     rng = np.random.default_rng(int(qtype) + 7)
     raw = random_rows(qtype, 21, 2 * K_BLOCK, rng)
     x = rng.standard_normal((2 * cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
     together = _product(isa, x, raw, qtype)
+    qm = cpu_quant.QuantMatmul(isa)
+    rows = qm.pack(raw, qtype)
+    assert np.array_equal(qm(x, rows, qtype), together)
     for t in range(x.shape[0]):
         assert np.array_equal(_product(isa, x[t:t + 1].copy(), raw, qtype)[0], together[t])
+        assert np.array_equal(qm(x[t:t + 1].copy(), rows, qtype)[0], together[t])
 
 
 @pytest.mark.parametrize("isa", [*ISAS, "float"])

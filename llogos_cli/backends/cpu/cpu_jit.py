@@ -43,11 +43,13 @@ from numba.np.ufunc import parallel as _parallel  # noqa: E402
 from llogos_cli.backends.cpu.cpu_simd import float_from_bits  # noqa: E402
 
 # fastmath lets LLVM split float sums across SIMD lanes; the integer dot products are exact anyway.
-kernel = numba.njit(cache=True, fastmath=True, nogil=True)
-parallel_kernel = numba.njit(cache=True, fastmath=True, nogil=True, parallel=True)
+# NumPy's error model: a float division by zero gives inf or nan, as NumPy's does, where Python's
+# raises, whose check per division keeps a loop with one (SiLU's) from vectorizing.
+kernel = numba.njit(cache=True, fastmath=True, nogil=True, error_model="numpy")
+parallel_kernel = numba.njit(cache=True, fastmath=True, nogil=True, parallel=True, error_model="numpy")
 # Helpers called once per block: inlined by numba itself, since LLVM leaves calls between separately
 # compiled functions in place, and a call per 32 weights costs more than the weights.
-helper = numba.njit(cache=True, fastmath=True, inline="always")
+helper = numba.njit(cache=True, fastmath=True, inline="always", error_model="numpy")
 prange = numba.prange
 SHARES = 8   # chunks of rows a product hands each thread (share_out)
 

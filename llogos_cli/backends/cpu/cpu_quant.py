@@ -68,7 +68,9 @@ def _read_only(raw: np.ndarray) -> np.ndarray:
 
 def _quantize8(x: np.ndarray, k_type: bool) -> tuple:
     """x's activations as the integer products of a K type or of a plain type take them."""
-    return _quantize8_into(x, k_type, _quantize8_arrays(x.shape[0], x.shape[1], k_type))
+    arrays = _quantize8_arrays(x.shape[0], x.shape[1], k_type)
+    (cpu_quant_int8.quantize_k_blocks if k_type else cpu_quant_int8.quantize_blocks)(x, *arrays)
+    return arrays
 
 
 def _quantize8_arrays(n_tok: int, cols: int, k_type: bool) -> tuple:
@@ -79,13 +81,6 @@ def _quantize8_arrays(n_tok: int, cols: int, k_type: bool) -> tuple:
                 np.empty((n_tok, cols // cpu_quant_int8.K_SUM), np.int32))
     blocks = cols // cpu_quant_int8.BLOCK
     return (np.empty((n_tok, cols), np.int8), np.empty((n_tok, blocks), np.float32), np.empty((n_tok, blocks), np.int32))
-
-
-def _quantize8_into(x: np.ndarray, k_type: bool, arrays: tuple) -> tuple:
-    """x quantized into the first x.shape[0] rows of arrays from _quantize8_arrays; -> those rows."""
-    parts = tuple([a[:x.shape[0]] for a in arrays])
-    (cpu_quant_int8.quantize_k_blocks if k_type else cpu_quant_int8.quantize_blocks)(x, *parts)
-    return parts
 
 
 ISA_NAMES = {"vnni": "AVX-512 VNNI integer", "avx2": "AVX2 integer", "float": "float32"}
@@ -112,8 +107,6 @@ class QuantMatmul:
     def __init__(self, isa: str | None = None):
         self._tile = np.empty(0, np.float32)
         self.isa = choose_isa(isa if isa is not None else os.environ.get("LLOGOS_CPU_ISA"))
-        self._quantized_of: np.ndarray | None = None
-        self._quantized = None
         self._routes: dict[tuple, _Route] = {}   # by the identities of their matrices
         self._buffers: dict[tuple, tuple] = {}   # the quantized activations' arrays, by form and row length
         self._isa_arg = ISA_ARG.get(self.isa)
@@ -222,42 +215,36 @@ class QuantMatmul:
         return out
 
     def _matvec8(self, x: np.ndarray, plan: tuple, k_type: bool) -> list[np.ndarray]:
-        if x is not self._quantized_of:
-            self._quantized = {}
-            self._quantized_of = x   # held, so that no other array can take its identity meanwhile
-        quantized = self._quantized.get(k_type) or self._quantize8(x, k_type)
-        raws, codes, firsts, n = plan
-        share_out(int(firsts[-1]))
+        """The products of plan's matrices, x quantized in the kernel into arrays kept by form and
+        row length (as many rows as the most tokens yet; each product overwrites them)."""
+        raws, codes, firsts, n, chunks = plan
+        arrays = self._buffers.get((k_type, x.shape[1]))
+        if arrays is None or arrays[0].shape[0] < x.shape[0]:
+            arrays = self._buffers[(k_type, x.shape[1])] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS),
+                                                                             x.shape[1], k_type)
+        share_out(chunks)
         if n == 1:
             out = np.empty((x.shape[0], raws[0].shape[0]), np.float32)
-            cpu_quant_int8.matvec8_one(raws[0], codes[0], *quantized, out, self._isa_arg)
+            cpu_quant_int8.matvec8_one(raws[0], codes, x, *arrays, out, self._isa_arg)
             return [out]
         outs = tuple([np.empty((x.shape[0], raw.shape[0]), np.float32) for raw in raws[:n]]) + _PADDING[n]
-        cpu_quant_int8.matvec8(raws, codes, firsts, *quantized, outs, self._isa_arg)
+        cpu_quant_int8.matvec8(raws, codes, firsts, x, *arrays, outs, self._isa_arg)
         return list(outs[:n])
-
-    def _quantize8(self, x: np.ndarray, k_type: bool) -> tuple:
-        """x's activations in the form asked, into arrays kept by form and row length, as many rows
-        as the most tokens yet (the next x overwrites them: they serve the current x only)."""
-        key = (k_type, x.shape[1])
-        arrays = self._buffers.get(key)
-        if arrays is None or arrays[0].shape[0] < x.shape[0]:
-            arrays = self._buffers[key] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS), x.shape[1], k_type)
-        parts = self._quantized[k_type] = _quantize8_into(x, k_type, arrays)
-        return parts
 
     @staticmethod
     def _plan(matrices: list[tuple[np.ndarray, QType]]) -> tuple:
         """The integer kernels' arguments for these matrices: the rows as MATRICES arrays of one
         numba type (as a tuple indexed at run time needs; padded with matrices of no rows), their
-        type codes, where each one's chunks of rows start, and how many are real."""
+        type codes, where each one's chunks of rows start, how many are real, and the chunks."""
         pad = cpu_quant_int8.MATRICES - len(matrices)
         assert pad >= 0, f"at most {cpu_quant_int8.MATRICES} products in one call"
         raws = tuple(_read_only(raw) for raw, _ in matrices) + (_NO_ROWS,) * pad
         codes = np.array([int(qtype) for _, qtype in matrices] + [0] * pad, np.int64)
         firsts = np.zeros(len(raws) + 1, np.int64)
         firsts[1:] = np.cumsum([-(-raw.shape[0] // cpu_quant_int8.CHUNK) for raw in raws])
-        return raws, codes, firsts, len(matrices)
+        if len(matrices) == 1:   # matvec8_one's arguments: the rows and a Python int
+            return raws, int(codes[0]), firsts, 1, int(firsts[-1])
+        return raws, codes, firsts, len(matrices), int(firsts[-1])
 
     def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: QType, rows: int, cols: int) -> np.ndarray:
         step = max(1, TILE_ELEMENTS // cols)

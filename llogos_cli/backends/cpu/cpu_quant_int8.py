@@ -86,6 +86,16 @@ def quantize_k_blocks(x, xq, dx, xs):
             dx[t, k] = d
 
 
+@kernel
+def quantize(x, code, xq, dx, xs):
+    """x's activations into the first x.shape[0] rows of xq, dx, xs in the form a matrix of type
+    `code` takes: quantize_k_blocks for the K types, else quantize_blocks."""
+    if code == _Q4_K or code == _Q5_K or code == _Q6_K:
+        quantize_k_blocks(x, xq, dx, xs)
+    else:
+        quantize_blocks(x, xq, dx, xs)
+
+
 def _tiles_of(raw: np.ndarray, size: int, out: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
     """raw's blocks of `size` bytes as (tiles, blocks, TILE rows, size), the rows past raw's zeros,
     and out's memory from its first byte as (tiles, blocks, tile bytes)."""
@@ -207,9 +217,9 @@ def packed_rows(raw: np.ndarray, qtype: QType) -> np.ndarray:
 @kernel
 def _tiles(rows, code, c0, c1, xq, dx, xs, out, isa):
     """Tiles c0..c1-1 of tiled rows of type `code` times every token, into out (T, rows): TOKENS
-    tokens at a time, then one at a time; xs the activations' integer sums (per block of 32 for
-    the plain types, per 16 for the K types)."""
-    n_tok, n_rows = xq.shape[0], out.shape[1]
+    tokens at a time, then one at a time; xq, dx, xs the activations of the T tokens in their
+    first T rows, xs their integer sums (per block of 32 for the plain types, per 16 for the K types)."""
+    n_tok, n_rows = out.shape[0], out.shape[1]
     sums = np.empty(TILE * TOKENS, np.float32)
     for c in range(c0, c1):
         r0 = TILE * c
@@ -267,12 +277,14 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
 
 
 @parallel_kernel
-def matvec8(raws, codes, firsts, xq, dx, xs, outs, isa):
-    """outs[i] (T, rows) = the activations (xq, dx, xs) · tiled rows of raws[i], for every matrix in
-    one parallel region (q, k and v, or gate and up, share their input; all plain types, taking
-    llama.cpp's Q8_0, or all K types, taking its Q8_K): a tile (CHUNK rows) at a time, firsts[i]
-    the first of raws[i]'s, firsts[-1] their number. The tuples always hold MATRICES arrays
-    (padding of no rows), so that one specialisation serves every call."""
+def matvec8(raws, codes, firsts, x, xq, dx, xs, outs, isa):
+    """outs[i] (T, rows) = x (T, cols) · tiled rows of raws[i]ᵀ, for every matrix in one parallel
+    region (q, k and v, or gate and up, share their input; all plain types, taking llama.cpp's
+    Q8_0, or all K types, taking its Q8_K): x quantized into xq, dx, xs first (quantize; arrays of
+    at least T rows), then a tile (CHUNK rows) at a time, firsts[i] the first of raws[i]'s,
+    firsts[-1] their number. The tuples always hold MATRICES arrays (padding of no rows), so that
+    one specialisation serves every call."""
+    quantize(x, codes[0], xq, dx, xs)
     for c in prange(firsts[-1]):
         i = _matrix_of(firsts, c)
         _tiles(raws[i], codes[i], c - firsts[i], c - firsts[i] + 1, xq, dx, xs, outs[i], isa)
@@ -287,7 +299,8 @@ def _matrix_of(firsts, chunk):
 
 
 @parallel_kernel
-def matvec8_one(raw, code, xq, dx, xs, out, isa):
+def matvec8_one(raw, code, x, xq, dx, xs, out, isa):
     """matvec8 for a single matrix, without the tuples (whose padding costs each call ~2 µs to pass)."""
+    quantize(x, code, xq, dx, xs)
     for c in prange(-(-raw.shape[0] // TILE)):
         _tiles(raw, code, c, c + 1, xq, dx, xs, out, isa)
