@@ -262,24 +262,27 @@ def _rows_dot(builder, isa: str, acc, u, word):
     return builder.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, TILE), list(range(TILE))))
 
 
-def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g: int) -> list:
-    """Groups 2g and 2g + 1 of a K tile-block: two lists of eight <64 x i8> of unsigned quants,
-    vector n holding each row's quants 4n..4n+3 of the group."""
+def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g) -> list:
+    """Groups 2g and 2g + 1 of a K tile-block (g an i64 value): two lists of eight <64 x i8> of
+    unsigned quants, vector n holding each row's quants 4n..4n+3 of the group."""
     _, _, _, _, _, quants_at, high_at = K_TILED[name]
     low = const(I8, 64, 15)
-    nibbles = [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * (8 * g + n)), I8, 64) for n in range(8)]
+
+    def base(per_g: int):   # o + per_g · g
+        return builder.add(o, builder.mul(g, ir.Constant(I64, per_g)))
+    nibbles = [load(context, builder, rows_t, rows, at(builder, base(512), quants_at + 64 * n), I8, 64) for n in range(8)]
     groups = [[builder.and_(v, low) for v in nibbles],
               [builder.and_(builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)), low)
                for v in nibbles]]
     if name == "q5_k":
         for k in range(2):
             for n in range(8):
-                bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, o, high_at + 8 * (8 * (2 * g + k) + n)), I64, 1),
+                bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, base(128), high_at + 8 * (8 * k + n)), I64, 1),
                                        vec(ir.IntType(1), 64))
                 groups[k][n] = builder.select(bits, builder.or_(groups[k][n], const(I8, 64, 16)), groups[k][n])
     elif name == "q6_k":
         for n in range(4):
-            high = load(context, builder, rows_t, rows, at(builder, o, high_at + 64 * (4 * g + n)), I8, 64)
+            high = load(context, builder, rows_t, rows, at(builder, base(256), high_at + 64 * n), I8, 64)
             for k in range(2):
                 for part in range(2):   # quant 4n + b (bits 2k, 2k+1) and 16 + 4n + b (bits 4 + 2k, 5 + 2k)
                     two = builder.and_(builder.lshr(high, const(I8, 64, 2 * k + 4 * part)), const(I8, 64, 3))
@@ -287,9 +290,11 @@ def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g: int) -> list
     return groups
 
 
-def _k_scales(context, builder, rows_t, rows, o, at_byte: int, j: int, signed: bool):
-    """Sub-block j's scale (or min) of every row of a tile-block as <TILE x i32>."""
-    v = load(context, builder, rows_t, rows, at(builder, o, at_byte + TILE * j), I8, TILE)
+def _k_scales(context, builder, rows_t, rows, o, at_byte: int, j, signed: bool):
+    """Sub-block j's scale (or min) of every row of a tile-block as <TILE x i32> (j an int or an i64 value)."""
+    if isinstance(j, int):
+        j = ir.Constant(I64, j)
+    v = load(context, builder, rows_t, rows, builder.add(at(builder, o, at_byte), builder.mul(j, ir.Constant(I64, TILE))), I8, TILE)
     return (builder.sext if signed else builder.zext)(v, vec(I32, TILE))
 
 
@@ -324,17 +329,23 @@ def k_tile_dot8(name: str, n_tok: int):
                 o = builder.add(first, builder.mul(loop.index, ir.Constant(I64, size)))
                 _prefetch(context, builder, rows_t, rows, o, size)
                 blocks = [builder.add(builder.mul(builder.add(t, ir.Constant(I64, k)), per_token), loop.index) for k in range(n_tok)]
-                totals = [const(I32, TILE, 0) for _ in range(n_tok)]
-                for g in range(4):
+                sums_at = [cgutils.alloca_once_value(builder, const(I32, TILE, 0)) for _ in range(n_tok)]
+                # A loop over pairs of groups, not the blocks' code unrolled: unrolled, LLVM loads and
+                # unpacks the quants of every group at once and spills them (~160 stack accesses a block).
+                with cgutils.for_range(builder, ir.Constant(I64, 4)) as groups_loop:
+                    g = groups_loop.index
+                    totals = [builder.load(a) for a in sums_at]
                     groups = _k_tile_groups(context, builder, rows_t, rows, o, name, g)
                     for kk, quants in enumerate(groups):
-                        j = 2 * g + kk
+                        j = builder.add(builder.mul(g, ir.Constant(I64, 2)), ir.Constant(I64, kk))
                         if name == "q6_k":
-                            scales = [_k_scales(context, builder, rows_t, rows, o, scales_at, 2 * j + h, True) for h in range(2)]
+                            scales = [_k_scales(context, builder, rows_t, rows, o, scales_at,
+                                                builder.add(builder.mul(j, ir.Constant(I64, 2)), ir.Constant(I64, h)), True)
+                                      for h in range(2)]
                         else:
                             scale = _k_scales(context, builder, rows_t, rows, o, scales_at, j, False)
                         for k, block in enumerate(blocks):
-                            e = builder.add(builder.mul(block, ir.Constant(I64, 256)), ir.Constant(I64, 32 * j))
+                            e = builder.add(builder.mul(block, ir.Constant(I64, 256)), builder.mul(j, ir.Constant(I64, 32)))
                             words = load(context, builder, xq_t, xq, e, I32, 8)
                             isums = []
                             for h in range(2):   # the group's first and second 16
@@ -346,27 +357,35 @@ def k_tile_dot8(name: str, n_tok: int):
                             if name == "q6_k":   # (Σ q · x - 32 Σ x) · scale, per 16
                                 for h in range(2):
                                     s = load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
-                                                                                     ir.Constant(I64, 2 * j + h)), I32, 1)
+                                             builder.add(builder.mul(j, ir.Constant(I64, 2)), ir.Constant(I64, h))), I32, 1)
                                     s = builder.shl(builder.shuffle_vector(s, s, ir.Constant(vec(I32, TILE), [0] * TILE)), const(I32, TILE, 5))
                                     totals[k] = builder.add(totals[k], builder.mul(builder.sub(isums[h], s), scales[h]))
                             else:
                                 totals[k] = builder.add(totals[k], builder.mul(builder.add(*isums), scale))
+                    for a, total in zip(sums_at, totals):
+                        builder.store(total, a)
+                totals = [builder.load(a) for a in sums_at]
                 d = _tile_halves(context, builder, rows_t, rows, at(builder, o, d_at))
-                if dmin_at is not None:
+                if dmin_at is not None:   # Σ min · Σ xq per token, in floats: integers below 2^24, exact in any order
                     dmin = _tile_halves(context, builder, rows_t, rows, at(builder, o, dmin_at))
-                    mins = [_k_scales(context, builder, rows_t, rows, o, mins_at, j, False) for j in range(8)]
+                    pairs = []
+                    for block in blocks:
+                        sums16 = load(context, builder, xs_t, xs, builder.mul(block, ir.Constant(I64, 16)), I32, 16)
+                        pairs.append(builder.sitofp(builder.add(
+                            builder.shuffle_vector(sums16, sums16, ir.Constant(vec(I32, 8), list(range(0, 16, 2)))),
+                            builder.shuffle_vector(sums16, sums16, ir.Constant(vec(I32, 8), list(range(1, 16, 2))))), vec(F32, 8)))
+                    by_min = [const(F32, TILE, 0.0) for _ in blocks]
+                    for j in range(8):
+                        m = builder.uitofp(_k_scales(context, builder, rows_t, rows, o, mins_at, j, False), vec(F32, TILE))
+                        for k, p in enumerate(pairs):
+                            by_min[k] = _call(builder, "llvm.fma.v16f32", vec(F32, TILE), m,
+                                              builder.shuffle_vector(p, p, ir.Constant(vec(I32, TILE), [j] * TILE)), by_min[k])
                 for k, (block, acc) in enumerate(zip(blocks, accs)):
                     dxv = load(context, builder, dx_t, dx, block, F32, 1)
                     dxs = builder.shuffle_vector(dxv, dxv, ir.Constant(vec(I32, TILE), [0] * TILE))
                     total = builder.fmul(builder.sitofp(totals[k], vec(F32, TILE)), builder.fmul(d, dxs, flags=ORDERED), flags=ORDERED)
                     if dmin_at is not None:   # less the mins' part, in one explicit fused step
-                        sums16 = load(context, builder, xs_t, xs, builder.mul(block, ir.Constant(I64, 16)), I32, 16)
-                        by_min = const(I32, TILE, 0)
-                        for j in range(8):
-                            pair = builder.add(builder.shuffle_vector(sums16, sums16, ir.Constant(vec(I32, TILE), [2 * j] * TILE)),
-                                               builder.shuffle_vector(sums16, sums16, ir.Constant(vec(I32, TILE), [2 * j + 1] * TILE)))
-                            by_min = builder.add(by_min, builder.mul(mins[j], pair))
-                        total = _call(builder, "llvm.fma.v16f32", vec(F32, TILE), builder.sitofp(builder.neg(by_min), vec(F32, TILE)),
+                        total = _call(builder, "llvm.fma.v16f32", vec(F32, TILE), builder.fneg(by_min[k]),
                                       builder.fmul(dmin, dxs, flags=ORDERED), total)
                     builder.store(builder.fadd(builder.load(acc), total, flags=ORDERED), acc)
             out = context.make_array(sums_t)(context, builder, sums).data
