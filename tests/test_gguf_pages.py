@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends.cpu import numpy_backend
+from llogos_cli.gguf import file as gguf_file
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.gguf.file import GGUFFile, drop_pages, drop_rows
 from llogos_cli.model.forward import Model
@@ -37,6 +38,17 @@ def test_rows_read_are_given_back_with_what_came_around_them(table):
     drop_rows(table, ids)
     assert mapped_pages(table) == 0
     assert np.array_equal(table[ids], rows)   # the contents come back from the file
+
+
+def test_rows_near_each_other_give_their_window_back_once(table, monkeypatch):
+    """Rows 1500 and 1501 lie in one 2 MiB window (or two that touch), 7 and 3000 each in one of
+    their own, far from the others: three calls."""
+    calls = []
+    monkeypatch.setattr(gguf_file, "_libc", type("Libc", (), {"madvise": lambda self, at, size, advice: calls.append(
+        (at.value, size.value))})())
+    drop_rows(table, np.array([3000, 1501, 7, 1500]))
+    assert len(calls) == 3 and [a for a, _ in calls] == sorted(a for a, _ in calls)
+    assert all(a % 4096 == 0 and n % 4096 == 0 and n > 0 for a, n in calls)
 
 
 def test_an_embedding_that_gives_pages_back_reads_the_same_rows(monkeypatch):

@@ -92,16 +92,22 @@ def drop_rows(view: np.ndarray, ids: np.ndarray) -> None:
     """drop_pages for the rows of a view just read (a tied embedding table's, say): a page fault maps
     the whole large folio of the page cache around the page, up to _FOLIO bytes, so each row read
     brought back up to that much (a 128-token prompt ~120 MB of a 1B model's table). The windows
-    around the rows go, whole pages within the view only."""
+    around the rows go, whole pages within the view only, each window once (rows near each other
+    share theirs)."""
     if not isinstance(view, np.memmap) or getattr(view, "_mmap", None) is None:
         return
     start, end, row = view.ctypes.data, view.ctypes.data + view.nbytes, view.strides[0]
+    low, high = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+    windows = []   # (first, last) in address order, overlapping ones merged
     for i in np.unique(ids):
         at = start + int(i) * row
-        first = max(at // _FOLIO * _FOLIO, -(-start // mmap.PAGESIZE) * mmap.PAGESIZE)
-        last = min(-(-(at + row) // _FOLIO) * _FOLIO, end // mmap.PAGESIZE * mmap.PAGESIZE)
-        if last > first:
-            _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
+        first, last = max(at // _FOLIO * _FOLIO, low), min(-(-(at + row) // _FOLIO) * _FOLIO, high)
+        if windows and first <= windows[-1][1]:
+            windows[-1][1] = max(windows[-1][1], last)
+        elif last > first:
+            windows.append([first, last])
+    for first, last in windows:
+        _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
 
 
 _FOLIO = 2 << 20   # the largest folio the page cache maps at once (a huge page)
