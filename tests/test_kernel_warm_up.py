@@ -76,3 +76,31 @@ def test_a_first_run_computes_what_later_runs_do(env, tmp_path):
     assert all(r.returncode == 0 for r in runs), runs[0].stderr
     assert runs[0].stdout == runs[1].stdout
     assert list((tmp_path / "cache").glob("numba/*/compiled-*"))
+
+
+def _llvm_resident_kib() -> int:
+    """This process's resident pages of LLVM's library (/proc/self/smaps)."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:   # a mapping's first line
+                ours = len(fields) >= 6 and "libllvmlite" in fields[5]
+            elif ours and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+def test_llvm_s_pages_are_handed_back_after_warm_up_and_come_back_when_needed():
+    """Once the kernels are loaded, LLVM's ~70 MB are handed back (memory the weights can use); a
+    kernel compiled later reads them back from the library's file and runs."""
+    from gguf import GGMLQuantizationType
+
+    from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
+    NumpyBackend("quantized").warm_up(product_types={GGMLQuantizationType.Q4_K})
+    assert _llvm_resident_kib() < 8 << 10
+
+    @numba.njit
+    def triangle(n):
+        return sum(range(n + 1))
+    assert triangle(100) == 5050 and _llvm_resident_kib() > 8 << 10

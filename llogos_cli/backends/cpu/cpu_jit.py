@@ -8,9 +8,12 @@ leave the kernels of other files that inline it running the old code. Importing 
 what makes the quantized path cost numba's import time: the float32 path never imports it.
 """
 
+import ctypes
 import functools
 import hashlib
+import mmap
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -41,6 +44,28 @@ import numba  # noqa: E402  (after NUMBA_CACHE_DIR is set)
 from numba.np.ufunc import parallel as _parallel  # noqa: E402
 
 from llogos_cli.backends.cpu.cpu_simd import float_from_bits  # noqa: E402
+
+_MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)   # Linux 5.4 on
+
+
+def release_compiler_pages() -> None:
+    """Hand back LLVM's resident pages (libllvmlite's: ~40 MB once numba is imported, ~70 MB once
+    the kernels are loaded). numba runs LLVM only to compile or load a kernel; in between, those
+    pages are clean copies of the library's file, memory the model's weights could use. LLVM
+    reads them back from the file if it runs again. Linux only; elsewhere, or where the kernel
+    refuses, nothing happens."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and Path(fields[5]).name.startswith("libllvmlite"):
+                start, end = (int(a, 16) for a in fields[0].split("-"))
+                libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_PAGEOUT)
+
+
+release_compiler_pages()   # what importing numba touched: the weights load next
 
 # fastmath lets LLVM split float sums across SIMD lanes; the integer dot products are exact anyway.
 # NumPy's error model: a float division by zero gives inf or nan, as NumPy's does, where Python's

@@ -138,6 +138,8 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             self.kv_store(cache, x, x, layout)
             self.attention(x, cache, layout, 1.0, 0)
             self.embed(Matrix(np.zeros((1, 34), np.uint8), GGMLQuantizationType.Q8_0, None, False), one)
+            from llogos_cli.backends.cpu.cpu_jit import release_compiler_pages
+            release_compiler_pages()
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
