@@ -100,9 +100,9 @@ def choose_isa(asked: str | None) -> str:
 
 
 class QuantMatmul:
-    """x (T, in) float32 · W (out, in)ᵀ for W given as raw GGUF rows; holds the reused tile buffer
-    and the last activations quantized to 8 bits, in each form asked of them (q, k and v, gate and
-    up share their input)."""
+    """x (T, in) float32 · W (out, in)ᵀ for W given as raw GGUF rows; holds the reused tile buffer,
+    the arrays the integer kernels quantize each product's activations into (by form and row
+    length), and each list of matrices' route (q, k and v, gate and up share their input)."""
 
     def __init__(self, isa: str | None = None):
         self._tile = np.empty(0, np.float32)
