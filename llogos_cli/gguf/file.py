@@ -85,7 +85,7 @@ def drop_pages(view: np.ndarray) -> None:
     start = view.ctypes.data
     first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + view.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
     if last > first:
-        _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
+        advise(first, last, mmap.MADV_DONTNEED)
 
 
 def drop_rows(view: np.ndarray, ids: np.ndarray) -> None:
@@ -107,7 +107,12 @@ def drop_rows(view: np.ndarray, ids: np.ndarray) -> None:
         elif last > first:
             windows.append([first, last])
     for first, last in windows:
-        _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
+        advise(first, last, mmap.MADV_DONTNEED)
+
+
+def advise(first: int, last: int, advice: int) -> None:
+    """madvise(2) on this process's addresses first..last (page-aligned); a refusal is ignored."""
+    _libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), advice)
 
 
 _FOLIO = 2 << 20   # the largest folio the page cache maps at once (a huge page)

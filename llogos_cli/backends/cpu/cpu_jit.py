@@ -8,7 +8,6 @@ leave the kernels of other files that inline it running the old code. Importing 
 what makes the quantized path cost numba's import time: the float32 path never imports it.
 """
 
-import ctypes
 import functools
 import hashlib
 import mmap
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llogos_cli.gguf.file import advise
 from llogos_cli.paths import optional_cache_dir
 
 
@@ -56,13 +56,12 @@ def release_compiler_pages() -> None:
     refuses, nothing happens."""
     if not sys.platform.startswith("linux"):
         return
-    libc = ctypes.CDLL(None, use_errno=True)
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split()
             if len(fields) >= 6 and Path(fields[5]).name.startswith("libllvmlite"):
                 start, end = (int(a, 16) for a in fields[0].split("-"))
-                libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_PAGEOUT)
+                advise(start, end, _MADV_PAGEOUT)
 
 
 release_compiler_pages()   # what importing numba touched: the weights load next
