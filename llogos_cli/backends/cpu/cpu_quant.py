@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends import CPU_DOT_TYPES
 from llogos_cli.backends.cpu import cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
-from llogos_cli.backends.cpu.cpu_jit import share_out
+from llogos_cli.backends.cpu.cpu_jit import parts, share_out
 from llogos_cli.backends.cpu.cpu_simd_int8 import ISA_ARG, host_isa
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
@@ -222,13 +222,13 @@ class QuantMatmul:
         if arrays is None or arrays[0].shape[0] < x.shape[0]:
             arrays = self._buffers[(k_type, x.shape[1])] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS),
                                                                              x.shape[1], k_type)
-        share_out(chunks)
+        shares = parts(chunks)
         if n == 1:
             out = np.empty((x.shape[0], raws[0].shape[0]), np.float32)
-            cpu_quant_int8.matvec8_one(raws[0], codes, x, *arrays, out, self._isa_arg)
+            cpu_quant_int8.matvec8_one(raws[0], codes, x, *arrays, out, self._isa_arg, shares)
             return [out]
         outs = tuple([np.empty((x.shape[0], raw.shape[0]), np.float32) for raw in raws[:n]]) + _PADDING[n]
-        cpu_quant_int8.matvec8(raws, codes, firsts, x, *arrays, outs, self._isa_arg)
+        cpu_quant_int8.matvec8(raws, codes, firsts, x, *arrays, outs, self._isa_arg, shares)
         return list(outs[:n])
 
     @staticmethod

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends.cpu.cpu_jit import kernel, parallel_kernel, prange
 from llogos_cli.backends.cpu.cpu_simd import PLAIN
-from llogos_cli.backends.cpu.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_dot8, tile_dot8
+from llogos_cli.backends.cpu.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_dot8, quantize8, tile_dot8
 
 BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
@@ -41,6 +41,7 @@ _q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q4_k", "q5_k", "q6_k
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
 _Q4_K, _Q5_K, _Q6_K = int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
+_quantize_plain, _quantize_k = quantize8(BLOCK, BLOCK), quantize8(K_BLOCK, K_SUM)
 
 
 @kernel
@@ -48,20 +49,7 @@ def quantize_blocks(x, xq, dx, xsum):
     """x (T, cols) float32 -> llama.cpp's Q8_0 blocks of 32 in element order: xq (T, cols) int8 =
     round(x / d), and per block dx (T, cols / 32) = d = max|x| / 127 and xsum (T, cols / 32) int32 = Σ xq."""
     for t in range(x.shape[0]):
-        for k in range(x.shape[1] // BLOCK):
-            block = x[t, BLOCK * k:BLOCK * k + BLOCK]
-            amax = np.float32(0)
-            for l in range(BLOCK):
-                amax = max(amax, abs(block[l]))
-            d = amax / np.float32(127)
-            inv = np.float32(1) / d if d > 0 else np.float32(0)
-            total = 0
-            for l in range(BLOCK):   # |x · inv| <= 127 up to rounding: rint stays in int8
-                v = np.int8(np.rint(block[l] * inv))
-                xq[t, BLOCK * k + l] = v
-                total += v
-            dx[t, k] = d
-            xsum[t, k] = total
+        _quantize_plain(x, xq, dx, xsum, t)
 
 
 @kernel
@@ -69,21 +57,7 @@ def quantize_k_blocks(x, xq, dx, xs):
     """x (T, cols) float32 -> llama.cpp's Q8_K in element order: xq (T, cols) int8, per block of 256
     dx (T, cols / 256) = max|x| / 127, and xs (T, cols / 16) int32, the sums of xq over each 16."""
     for t in range(x.shape[0]):
-        for k in range(x.shape[1] // K_BLOCK):
-            block = x[t, K_BLOCK * k:K_BLOCK * k + K_BLOCK]
-            amax = np.float32(0)
-            for l in range(K_BLOCK):
-                amax = max(amax, abs(block[l]))
-            d = amax / np.float32(127)
-            inv = np.float32(1) / d if d > 0 else np.float32(0)
-            for s in range(K_BLOCK // K_SUM):
-                total = 0
-                for l in range(K_SUM * s, K_SUM * s + K_SUM):   # |x · inv| <= 127 up to rounding: rint stays in int8
-                    v = np.int8(np.rint(block[l] * inv))
-                    xq[t, K_BLOCK * k + l] = v
-                    total += v
-                xs[t, (K_BLOCK // K_SUM) * k + s] = total
-            dx[t, k] = d
+        _quantize_k(x, xq, dx, xs, t)
 
 
 @kernel
@@ -277,17 +251,22 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
 
 
 @parallel_kernel
-def matvec8(raws, codes, firsts, x, xq, dx, xs, outs, isa):
+def matvec8(raws, codes, firsts, x, xq, dx, xs, outs, isa, parts):
     """outs[i] (T, rows) = x (T, cols) · tiled rows of raws[i]ᵀ, for every matrix in one parallel
     region (q, k and v, or gate and up, share their input; all plain types, taking llama.cpp's
     Q8_0, or all K types, taking its Q8_K): x quantized into xq, dx, xs first (quantize; arrays of
-    at least T rows), then a tile (CHUNK rows) at a time, firsts[i] the first of raws[i]'s,
-    firsts[-1] their number. The tuples always hold MATRICES arrays (padding of no rows), so that
-    one specialisation serves every call."""
+    at least T rows), then the tiles (CHUNK rows each) cut into `parts` ranges handed out to the
+    threads, firsts[i] the first tile of raws[i], firsts[-1] their number. The tuples always hold
+    MATRICES arrays (padding of no rows), so that one specialisation serves every call."""
     quantize(x, codes[0], xq, dx, xs)
-    for c in prange(firsts[-1]):
-        i = _matrix_of(firsts, c)
-        _tiles(raws[i], codes[i], c - firsts[i], c - firsts[i] + 1, xq, dx, xs, outs[i], isa)
+    n = firsts[-1]
+    for part in prange(parts):
+        c, end = part * n // parts, (part + 1) * n // parts
+        while c < end:   # the range's tiles of each matrix it crosses
+            i = _matrix_of(firsts, c)
+            stop = min(end, firsts[i + 1])
+            _tiles(raws[i], codes[i], c - firsts[i], stop - firsts[i], xq, dx, xs, outs[i], isa)
+            c = stop
 
 
 @kernel
@@ -299,8 +278,9 @@ def _matrix_of(firsts, chunk):
 
 
 @parallel_kernel
-def matvec8_one(raw, code, x, xq, dx, xs, out, isa):
+def matvec8_one(raw, code, x, xq, dx, xs, out, isa, parts):
     """matvec8 for a single matrix, without the tuples (whose padding costs each call ~2 µs to pass)."""
     quantize(x, code, xq, dx, xs)
-    for c in prange(-(-raw.shape[0] // TILE)):
-        _tiles(raw, code, c, c + 1, xq, dx, xs, out, isa)
+    n = -(-raw.shape[0] // TILE)
+    for part in prange(parts):
+        _tiles(raw, code, part * n // parts, (part + 1) * n // parts, xq, dx, xs, out, isa)

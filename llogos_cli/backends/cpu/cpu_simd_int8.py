@@ -395,3 +395,59 @@ def k_tile_dot8(name: str, n_tok: int):
             return context.get_dummy_value()
         return types.none(rows, c, xq, dx, xs, t, isa, sums), codegen
     return dot
+
+
+def quantize8(block: int, per_sum: int):
+    """An intrinsic q(x, xq, dx, xs, t): token t's activations (row t of x, float32) as llama.cpp
+    quantizes them for these products, a block of `block` elements at a time: dx[t, b] = d =
+    max|x| / 127, xq[t] = x · (1 / d) rounded to the nearest integer (ties to even; 0 where d is 0),
+    and xs[t] the sums of xq over each per_sum elements. A block's elements are loaded, their
+    largest magnitude found, scaled, rounded and summed in vector registers (numba's scalar loop
+    took a float `max` per element, one after another)."""
+    n = block // 16   # vectors of 16 floats a block
+
+    def _store(context, builder, array_t, array, offset, value):
+        data = context.make_array(array_t)(context, builder, array).data
+        builder.store(value, builder.bitcast(builder.gep(data, [offset]), value.type.as_pointer()), align=1)
+
+    @intrinsic
+    def q(typingctx, x, xq, dx, xs, t):
+        def codegen(context, builder, sig, args):
+            x_t, xq_t, dx_t, xs_t, _ = sig.args
+            x, xq, dx, xs, t = args
+
+            def row(array_t, array):   # the offset of row t of a C-ordered matrix
+                return builder.mul(t, builder.extract_value(context.make_array(array_t)(context, builder, array).shape, 1))
+
+            x_row, xq_row, dx_row, xs_row = row(x_t, x), row(xq_t, xq), row(dx_t, dx), row(xs_t, xs)
+            f16 = vec(F32, 16)
+            n_blocks = builder.udiv(builder.extract_value(context.make_array(x_t)(context, builder, x).shape, 1),
+                                    ir.Constant(I64, block))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                o = builder.mul(loop.index, ir.Constant(I64, block))
+                vs = [load(context, builder, x_t, x, builder.add(x_row, at(builder, o, 16 * i)), F32, 16) for i in range(n)]
+                top = _call(builder, "llvm.fabs.v16f32", f16, vs[0])
+                for v in vs[1:]:
+                    top = _call(builder, "llvm.maxnum.v16f32", f16, top, _call(builder, "llvm.fabs.v16f32", f16, v))
+                amax = _call(builder, "llvm.vector.reduce.fmax.v16f32", F32, top)
+                d = builder.fdiv(amax, ir.Constant(F32, 127.0))
+                inv = builder.select(builder.fcmp_ordered(">", d, ir.Constant(F32, 0.0)),
+                                     builder.fdiv(ir.Constant(F32, 1.0), d), ir.Constant(F32, 0.0))
+                invs = builder.shuffle_vector(builder.insert_element(const(F32, 1, 0.0), inv, ir.Constant(I32, 0)),
+                                              const(F32, 1, 0.0), ir.Constant(vec(I32, 16), [0] * 16))
+                qs = [builder.fptosi(_call(builder, "llvm.rint.v16f32", f16, builder.fmul(v, invs)), vec(I32, 16)) for v in vs]
+                for i, qv in enumerate(qs):
+                    _store(context, builder, xq_t, xq, builder.add(xq_row, at(builder, o, 16 * i)), builder.trunc(qv, vec(I8, 16)))
+                per = per_sum // 16
+                for j in range(n // per):
+                    s = qs[per * j]
+                    for qv in qs[per * j + 1:per * j + per]:
+                        s = builder.add(s, qv)
+                    total = _call(builder, "llvm.vector.reduce.add.v16i32", I32, s)
+                    _store(context, builder, xs_t, xs,
+                           builder.add(xs_row, builder.add(builder.mul(loop.index, ir.Constant(I64, n // per)), ir.Constant(I64, j))),
+                           total)
+                _store(context, builder, dx_t, dx, builder.add(dx_row, loop.index), d)
+            return context.get_dummy_value()
+        return types.none(x, xq, dx, xs, t), codegen
+    return q
