@@ -193,3 +193,27 @@ def test_expert_rows_cut_anywhere_in_the_tiles(out):
     for t in range(3):
         for j, e in enumerate(experts[t]):
             np.testing.assert_allclose(y[t, j], dense[e] @ x[t], rtol=0, atol=0.02 * np.abs(dense[e]).sum(axis=1).max())
+
+
+@pytest.mark.parametrize("qtype, rows", [(QType.Q4_1, (48, 16, 16)), (QType.Q4_K, (32, 64)), (QType.Q8_0, (48, 20, 20))])
+def test_joined_matrices_multiply_as_each_alone(qtype, rows):
+    """Matrices joined at load (q, k and v; gate and up: one matrix, one product) give each
+    matrix's product bit for bit as it is alone, for a token and for a prompt's several; where one
+    ends inside a tile they stay apart, and multiply the same."""
+    from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
+    rng = np.random.default_rng(len(rows))
+    cols = 2 * K_BLOCK
+    raws = [random_rows(qtype, n, cols, rng) for n in rows]
+    for raw in raws:
+        raw.flags.writeable = False
+    alone, joined = NumpyBackend("quantized"), NumpyBackend("quantized")
+    ws = [joined.matrix(raw, qtype, matmul=True) for raw in raws]
+    separate = [alone.matrix(raw, qtype, matmul=True) for raw in raws]
+    joined.join(ws)
+    fits = all(n % cpu_quant_int8.TILE == 0 for n in rows)
+    assert (ws[1].blocks.base is ws[0].blocks.base) == fits
+    for n_tok in (1, cpu_quant_int8.TOKENS + 3):
+        x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+        for out, w in zip(joined.matmuls(x, ws), separate):
+            assert out.flags.c_contiguous
+            assert np.array_equal(out, alone.matmul(x, w))

@@ -2,7 +2,7 @@
 
 Every backend implements the same methods on its own array type (NumPy on CPU, CuPy on GPU):
 
-  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · to_host(x) · load_threads · warm_up()
+  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · join(ws) · to_host(x) · load_threads · warm_up()
   graphs      graphs (bool) · capture(fn) · device_input(name, values) · release_inputs(): CUDA only
   batch       batch_layout(slots, pos)
   embedding   embed(table, ids)
@@ -41,6 +41,8 @@ forward pass; what it returns is handed to every layer's kv_store, attention, ss
                                  softcap * tanh(s / softcap) unless softcap is 0. -> (T, H, dv)
   matmuls(x, ws)                 [x · wᵀ for w in ws]: the products that share an input (q, k
                                  and v; gate and up), which a backend may run as one
+  join(ws)                       at load: ws will be multiplied together (matmuls); a backend
+                                 that gains by it may hold them as one matrix from here on
   argmax_rows(logits)            logits (R, n_vocab) -> host int array (R,): each row's argmax,
                                  taken where the logits are
   capture(fn)                    where graphs is true: fn()'s device work recorded, not run, as
@@ -78,6 +80,9 @@ MIN_PRODUCT_ROW = 32
 # The weight types the CPU multiplies in their blocks, one token at a time (cpu_quant_dot).
 CPU_DOT_TYPES = frozenset(getattr(GGMLQuantizationType, n) for n in
                           ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"))
+# Lists of matrices whose products' routes the CPU keeps (a model's own lists are a few hundred;
+# the experts' slices are new arrays every step, so past this many the kept ones are dropped).
+ROUTES_KEPT = 1024
 
 
 def check_cache_type(cache_type: str, head_dim: int) -> None:

@@ -18,6 +18,12 @@ from llogos_cli.model.yarn import yarn_rotation
 from llogos_cli.model.config import ModelConfig
 
 
+# Projections that share their input: multiplied together (matmuls), and joined at load where the
+# backend gains by holding them as one matrix.
+QKV = ("attn_q", "attn_k", "attn_v")
+GATE_UP = ("ffn_gate", "ffn_up")
+
+
 class Model:
     def __init__(self, f: GGUFFile, backend):
         self.cfg = ModelConfig.from_gguf(f)
@@ -37,6 +43,11 @@ class Model:
         # NumPy releases the GIL while it dequantizes: loading on every core halves start-up.
         with ThreadPoolExecutor(backend.load_threads) as pool:
             self.w = dict(zip(f.tensors, pool.map(load, f.tensors)))
+        for il in range(self.cfg.n_layer):
+            for names in (QKV, GATE_UP):
+                ws = [self.w.get(f"blk.{il}.{name}.weight") for name in names]
+                if None not in ws:
+                    backend.join(ws)
         # What one decode step streams from memory: the basis of the bandwidth figure.
         self.weight_bytes = sum(w.nbytes for w in self.w.values())
         # YaRN: each layer's scaled rotation as per-pair frequency divisors and a scale.
@@ -149,7 +160,7 @@ class Model:
             k_end = q_end + c.n_head_kv * c.head_dim_k
             q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
         else:
-            q, k, v = self._linears([p + "attn_q", p + "attn_k", p + "attn_v"], x)
+            q, k, v = self._linears([p + name for name in QKV], x)
             # q (T, n_head * dk), doubled when gated; k (T, n_head_kv * dk); v (T, n_head_kv * dv)
         if c.qk_norm == "all":   # over each token's whole projection (OLMo 2)
             q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)  # (T, n_head * dk)
@@ -184,7 +195,7 @@ class Model:
             gate_up = b.matmul(x, w[p + "ffn_up.weight"])  # (T, 2 * n_ff)
             gate, up = gate_up[:, :n_ff], gate_up[:, n_ff:]  # (T, n_ff) each
         else:
-            gate, up = b.matmuls(x, [w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]])  # (T, n_ff) each
+            gate, up = b.matmuls(x, [w[p + name + ".weight"] for name in GATE_UP])  # (T, n_ff) each
         return b.matmul(b.glu(gate, up, self.cfg.gelu_ffn), w[p + "ffn_down.weight"])  # (T, n_embd)
 
     def _experts(self, p: str, x):

@@ -18,17 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends import CPU_DOT_TYPES
+from llogos_cli.backends import CPU_DOT_TYPES, ROUTES_KEPT
 from llogos_cli.backends.cpu import cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
 from llogos_cli.backends.cpu.cpu_jit import parts, share_out
 from llogos_cli.backends.cpu.cpu_simd_int8 import ISA_ARG, host_isa
+from llogos_cli.backends.cpu.cpu_threads import available_cores
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import drop_pages
 
 DOT_MAX_TOKENS = 4       # products of up to this many tokens in float32 activations take cpu_quant_dot
 PACK_BYTES = 4 << 20    # a matrix is repacked this much at a time, so that its two copies are never both whole in memory
-ROUTES_KEPT = 1024       # lists of matrices whose routes are kept (a model's own lists are a few hundred)
 TILE_ELEMENTS = 1 << 20        # 4 MiB of float32 per tile
 INT16_BLOCK = 256              # activations share one scale per this many elements (a K-quant block)
 _NO_ROWS = np.empty((0, 0), np.uint8)   # a matrix of no rows and its product, padding the integer products' tuples
@@ -110,6 +110,7 @@ class QuantMatmul:
         self._routes: dict[tuple, _Route] = {}   # by the identities of their matrices
         self._buffers: dict[tuple, tuple] = {}   # the quantized activations' arrays, by form and row length
         self._isa_arg = ISA_ARG.get(self.isa)
+        self.threads = available_cores()   # the threads products run on: the backend sets it each step
 
     def warm_up(self, qtypes: set) -> None:
         """Call each kernel that products of matrices of these types take once, as products call
@@ -146,6 +147,15 @@ class QuantMatmul:
         out.flags.writeable = False
         return out
 
+    def join(self, matrices: list[np.ndarray], qtype: QType) -> np.ndarray | None:
+        """Matrices from `pack` of one type and row length as one, rows after rows (read-only); None
+        where they cannot be: one that ends inside a tile."""
+        if not self._packs(qtype) or any(rows.shape[0] % cpu_quant_int8.TILE for rows in matrices):
+            return None
+        joined = np.concatenate(matrices)
+        joined.flags.writeable = False
+        return joined
+
     def _packs(self, qtype: QType) -> bool:
         return self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES
 
@@ -169,14 +179,23 @@ class QuantMatmul:
     def many(self, x: np.ndarray, matrices: list[tuple[np.ndarray, QType]]) -> list[np.ndarray]:
         """x times each (raw, qtype) matrix of the list, which share it as their input (q, k and v;
         gate and up): those of the integer products in one call for each form of activations."""
-        x = np.ascontiguousarray(x, np.float32)
-        route = self._routes.get(tuple([id(m[0]) for m in matrices])) or self._route(matrices)
+        return self.run(x, self.route(matrices))
+
+    def route(self, matrices: list[tuple[np.ndarray, QType]]) -> "_Route":
+        """How the list's products run (found once per list, and kept): a caller that keeps it can
+        `run` them without looking it up again."""
+        return self._routes.get(tuple([id(m[0]) for m in matrices])) or self._route(matrices)
+
+    def run(self, x: np.ndarray, route: "_Route") -> list[np.ndarray]:
+        """The products of a route's matrices with x."""
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, np.float32)
         assert x.shape[1] in route.features, f"x has {x.shape[1]} features, not a row's of every matrix"
-        if not route.others and len(route.int8) == 1:   # a decode step's usual case, in as little Python as it takes
-            return self._matvec8(x, route.int8[0][2], route.int8[0][0])
-        outs: list = [None] * len(matrices)
+        if route.alone is not None:   # a decode step's usual case, in as little Python as it takes
+            return self._matvec8(x, *route.alone)
+        outs: list = [None] * len(route.matrices)
         for i in route.others:
-            raw, qtype = matrices[i]
+            raw, qtype = route.matrices[i]
             if x.shape[0] <= DOT_MAX_TOKENS and qtype in CPU_DOT_TYPES:
                 outs[i] = self._matvec(x, raw, qtype)
             else:
@@ -198,9 +217,10 @@ class QuantMatmul:
             else:
                 others.append(i)
         features = set.intersection(*(set(self._features(raw, qtype)) for raw, qtype in matrices))
-        route = _Route(matrices, frozenset(features), others,
-                       [(k_type, idx, self._plan([matrices[i] for i in idx])) for k_type, idx in chosen.items()])
-        if len(self._routes) >= ROUTES_KEPT:   # the experts' slices are new arrays every step
+        int8 = [(k_type, idx, self._plan([matrices[i] for i in idx])) for k_type, idx in chosen.items()]
+        alone = (int8[0][2], int8[0][0]) if not others and len(int8) == 1 else None
+        route = _Route(list(matrices), frozenset(features), others, int8, alone)
+        if len(self._routes) >= ROUTES_KEPT:
             self._routes.clear()
         self._routes[tuple(id(raw) for raw, _ in matrices)] = route
         return route
@@ -222,7 +242,7 @@ class QuantMatmul:
         if arrays is None or arrays[0].shape[0] < x.shape[0]:
             arrays = self._buffers[(k_type, x.shape[1])] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS),
                                                                              x.shape[1], k_type)
-        shares = parts(chunks)
+        shares = parts(chunks, self.threads)
         if n == 1:
             out = np.empty((x.shape[0], raws[0].shape[0]), np.float32)
             cpu_quant_int8.matvec8_one(raws[0], codes, x, *arrays, out, self._isa_arg, shares)
@@ -268,3 +288,4 @@ class _Route:
     features: frozenset   # the feature counts of an x that every matrix multiplies
     others: list          # the matrices not multiplied in integers
     int8: list            # (K types or not, their indices, their kernels' arguments)
+    alone: tuple | None   # (arguments, K types or not) where one integer call makes every product

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends import MIN_PRODUCT_ROW
+from llogos_cli.backends import MIN_PRODUCT_ROW, ROUTES_KEPT
 from llogos_cli.backends.cpu.cpu_threads import CpuThreads
 from llogos_cli.backends.cpu.numpy_attention import AttentionOps, Layout
 from llogos_cli.backends.cpu.numpy_experts import ExpertOps
@@ -70,6 +70,8 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         self._rope_cos_sin = None
         self._rows = None
         self._product_types: set = set()   # the block types of the matrices held quantized, for warm_up
+        self._routes: dict[tuple, tuple] = {}   # by the identities of a list's matrices
+        self._joined: dict[tuple, np.ndarray] = {}   # the matrix that lists of them were joined into
         if batched:
             from llogos_cli.backends.cpu import cpu_rows
             self._rows = cpu_rows
@@ -103,6 +105,22 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         if blocks is not raw:   # read from here on in the copy only (a tied table's rows come back on use)
             drop_pages(raw)
         return Matrix(raw, qtype, None, True, blocks)
+
+    def join(self, ws: list[Matrix]) -> None:
+        """Matrices in blocks of one type whose products share an input (q, k and v; gate and up)
+        as one matrix, each w's blocks a view of its rows: one integer product for them all, as
+        for one matrix (the kernel's arguments for several cost a call ~2.5 µs)."""
+        if (self.weights != "quantized" or len(ws) < 2 or any(w.blocks is None for w in ws)
+                or len({(w.qtype, w.blocks.shape[1]) for w in ws}) > 1):
+            return
+        joined = self.quant_matmul.join([w.blocks for w in ws], ws[0].qtype)
+        if joined is None:
+            return
+        first = 0
+        for w in ws:
+            w.blocks = joined[first:first + w.blocks.shape[0]]
+            first += w.blocks.shape[0]
+        self._joined[tuple(map(id, ws))] = joined
 
     @property
     def load_threads(self) -> int:
@@ -146,7 +164,9 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
 
     def batch_layout(self, slots: np.ndarray, pos: np.ndarray) -> Layout:
         # Once per forward pass: the step's thread count follows from how many tokens it runs.
-        self.threads.for_step(len(slots))
+        threads = self.threads.for_step(len(slots))
+        if self.weights == "quantized":
+            self.quant_matmul.threads = threads
         return super().batch_layout(slots, pos)
 
     def synchronize(self) -> None:
@@ -177,13 +197,37 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             if not 1 < x.shape[0] <= _FEW_ROWS:
                 return x @ w.dense.T
             return (w.dense @ x.T).T
-        return self.quant_matmul(x, w.blocks, w.qtype)
+        return self.matmuls(x, [w])[0]
 
     def matmuls(self, x: np.ndarray, ws: list[Matrix]) -> list[np.ndarray]:
         """x times each of ws, which share it as their input: the quantized ones in one call."""
-        if any(w.dense is not None for w in ws):
+        held = self._routes.get(tuple(map(id, ws)))   # (ws, route, where joined: ws's first rows)
+        if held is None:
+            held = self._route(ws)
+        if held[1] is None:
             return [self.matmul(x, w) for w in ws]
-        return self.quant_matmul.many(x, [(w.blocks, w.qtype) for w in ws])
+        if held[2] is None:
+            return self.quant_matmul.run(x, held[1])
+        out = self.quant_matmul.run(x, held[1])[0]   # the joined matrix's product: each w's columns
+        firsts = held[2]
+        parts = [out[:, firsts[i]:firsts[i + 1]] for i in range(len(ws))]
+        return parts if x.shape[0] == 1 else [np.ascontiguousarray(part) for part in parts]
+
+    def _route(self, ws: list[Matrix]) -> tuple:
+        """ws (held, so that no identity is reused), the route of their products in blocks
+        (QuantMatmul.route; None where one is float32), and where ws were joined, their first rows."""
+        if len(self._routes) >= ROUTES_KEPT:
+            self._routes.clear()
+        key = tuple(map(id, ws))
+        joined = self._joined.get(key)
+        if joined is not None:
+            route = self.quant_matmul.route([(joined, ws[0].qtype)])
+            firsts = np.cumsum([0] + [w.blocks.shape[0] for w in ws]).tolist()
+        else:
+            route = None if any(w.dense is not None for w in ws) else self.quant_matmul.route([(w.blocks, w.qtype) for w in ws])
+            firsts = None
+        held = self._routes[key] = (list(ws), route, firsts)
+        return held
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b

@@ -53,6 +53,9 @@ class CudaBackend:
             return self.xp.asarray(quants.dequantize(raw, qtype))
         return upload(self.xp, raw, qtype, matmul)  # products and lookups both read the quantized bytes
 
+    def join(self, ws: list) -> None:
+        """Products sharing an input stay one launch each here: nothing to join."""
+
     def warm_up(self) -> None:
         """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
 
