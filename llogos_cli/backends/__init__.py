@@ -2,7 +2,7 @@
 
 Every backend implements the same methods on its own array type (NumPy on CPU, CuPy on GPU):
 
-  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · join(ws) · to_host(x) · load_threads · warm_up()
+  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · matrices(raws, qtype) · to_host(x) · load_threads · warm_up()
   graphs      graphs (bool) · capture(fn) · device_input(name, values) · release_inputs(): CUDA only
   batch       batch_layout(slots, pos)
   embedding   embed(table, ids)
@@ -41,8 +41,8 @@ forward pass; what it returns is handed to every layer's kv_store, attention, ss
                                  softcap * tanh(s / softcap) unless softcap is 0. -> (T, H, dv)
   matmuls(x, ws)                 [x · wᵀ for w in ws]: the products that share an input (q, k
                                  and v; gate and up), which a backend may run as one
-  join(ws)                       at load: ws will be multiplied together (matmuls); a backend
-                                 that gains by it may hold them as one matrix from here on
+  matrices(raws, qtype)          matrices of one type loaded together, whose products will be
+                                 taken together (matmuls): a backend may hold them as one
   argmax_rows(logits)            logits (R, n_vocab) -> host int array (R,): each row's argmax,
                                  taken where the logits are
   capture(fn)                    where graphs is true: fn()'s device work recorded, not run, as

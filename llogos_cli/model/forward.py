@@ -31,7 +31,12 @@ class Model:
         for name, info in f.tensors.items():
             quants.check_supported(info.ggml_type, name)
 
-        def load(name: str):
+        def load(names: tuple[str, ...]) -> list:
+            if len(names) > 1:   # products that share an input, loaded together (the backend may join them)
+                return backend.matrices([f.raw(name) for name in names], f.tensors[names[0]].ggml_type)
+            return [load_one(names[0])]
+
+        def load_one(name: str):
             info, raw = f.tensors[name], f.raw(name)
             if name.endswith("_inp_shexp.weight"):   # one row, also when written as a vector
                 return backend.matrix(raw.reshape(1, -1), info.ggml_type, matmul=True)
@@ -42,16 +47,25 @@ class Model:
 
         # NumPy releases the GIL while it dequantizes: loading on every core halves start-up.
         with ThreadPoolExecutor(backend.load_threads) as pool:
-            self.w = dict(zip(f.tensors, pool.map(load, f.tensors)))
-        for il in range(self.cfg.n_layer):
-            for names in (QKV, GATE_UP):
-                ws = [self.w.get(f"blk.{il}.{name}.weight") for name in names]
-                if None not in ws:
-                    backend.join(ws)
+            jobs = self._load_groups(f)
+            loaded = {name: w for names, ws in zip(jobs, pool.map(load, jobs)) for name, w in zip(names, ws)}
+        self.w = {name: loaded[name] for name in f.tensors}
         # What one decode step streams from memory: the basis of the bandwidth figure.
         self.weight_bytes = sum(w.nbytes for w in self.w.values())
         # YaRN: each layer's scaled rotation as per-pair frequency divisors and a scale.
         self._yarn = [self._yarn_rotation(il) for il in range(self.cfg.n_layer)] if self.cfg.rope_yarn else None
+
+    def _load_groups(self, f: GGUFFile) -> list[tuple[str, ...]]:
+        """The tensors to load, one at a time but for each layer's q, k and v and its gate and up,
+        which are loaded together where they are of one type."""
+        grouped = []
+        for il in range(self.cfg.n_layer):
+            for names in (QKV, GATE_UP):
+                group = tuple(f"blk.{il}.{name}.weight" for name in names)
+                if all(name in f.tensors for name in group) and len({f.tensors[name].ggml_type for name in group}) == 1:
+                    grouped.append(group)
+        in_groups = {name for group in grouped for name in group}
+        return grouped + [(name,) for name in f.tensors if name not in in_groups]
 
     def new_cache(self, n_slots: int, n_ctx: int, type_k: str | None = None, type_v: str | None = None,
                   n_blocks: int = 0, block_size: int = 0) -> "Cache":

@@ -136,25 +136,28 @@ class QuantMatmul:
     def pack(self, raw: np.ndarray, qtype: QType) -> np.ndarray:
         """A matrix's rows as this object's products take them: repacked for the integer products
         (cpu_quant_int8.packed_rows), or as they are. Every matrix given to a product must come
-        from here."""
-        if not self._packs(qtype):
-            return raw
-        out = cpu_quant_int8.new_packed_rows(raw, qtype)
-        step = max(1, PACK_BYTES // raw.shape[1] // cpu_quant_int8.TILE) * cpu_quant_int8.TILE   # whole tiles
-        for r0 in range(0, raw.shape[0], step):   # a part at a time, each part's pages given back once read
-            cpu_quant_int8.pack_rows(_read_only(raw[r0:r0 + step]), qtype, out[r0:r0 + step])
-            drop_pages(raw[r0:r0 + step])
+        from here or from pack_joined."""
+        return self.pack_joined([raw], qtype) if self._packs(qtype) else raw
+
+    def joins(self, raws: list[np.ndarray], qtype: QType) -> bool:
+        """Whether pack_joined takes these matrices: packed, of one row length, each but the last
+        whole tiles."""
+        return (self._packs(qtype) and len({raw.shape[1] for raw in raws}) == 1
+                and all(raw.shape[0] % cpu_quant_int8.TILE == 0 for raw in raws[:-1]))
+
+    def pack_joined(self, raws: list[np.ndarray], qtype: QType) -> np.ndarray:
+        """Matrices that `joins` takes packed as one, rows after rows (read-only): one product for
+        them all, each matrix's a view of its rows."""
+        out = cpu_quant_int8.new_packed_rows(sum(raw.shape[0] for raw in raws), raws[0].shape[1], qtype)
+        step = max(1, PACK_BYTES // raws[0].shape[1] // cpu_quant_int8.TILE) * cpu_quant_int8.TILE   # whole tiles
+        first = 0
+        for raw in raws:
+            for r0 in range(0, raw.shape[0], step):   # a part at a time, each part's pages given back once read
+                cpu_quant_int8.pack_rows(_read_only(raw[r0:r0 + step]), qtype, out[first + r0:first + r0 + step])
+                drop_pages(raw[r0:r0 + step])
+            first += raw.shape[0]
         out.flags.writeable = False
         return out
-
-    def join(self, matrices: list[np.ndarray], qtype: QType) -> np.ndarray | None:
-        """Matrices from `pack` of one type and row length as one, rows after rows (read-only); None
-        where they cannot be: one that ends inside a tile."""
-        if not self._packs(qtype) or any(rows.shape[0] % cpu_quant_int8.TILE for rows in matrices):
-            return None
-        joined = np.concatenate(matrices)
-        joined.flags.writeable = False
-        return joined
 
     def _packs(self, qtype: QType) -> bool:
         return self.isa in ISA_ARG and qtype in cpu_quant_int8.TYPES

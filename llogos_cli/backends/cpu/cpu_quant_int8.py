@@ -165,13 +165,14 @@ def _tile_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
                                                         bitorder="little").reshape(*lead, 64)
 
 
-def new_packed_rows(raw: np.ndarray, qtype: QType) -> np.ndarray:
-    """The array pack_rows fills for a matrix's rows (rows, bytes a row): their tiles, the memory
-    under the array running on to the end of the last whole tile (zeros), which the products read."""
+def new_packed_rows(rows: int, row_bytes: int, qtype: QType) -> np.ndarray:
+    """The array pack_rows fills for a matrix's rows (rows of row_bytes in the file): their tiles,
+    the memory under the array running on to the end of the last whole tile (zeros), which the
+    products read."""
     name = qtype.name.lower()
-    n_blocks = raw.shape[1] // GGML_QUANT_SIZES[qtype][1]
+    n_blocks = row_bytes // GGML_QUANT_SIZES[qtype][1]
     tile = (K_TILED if qtype in K_TYPES else TILED)[name][0]
-    return np.zeros((-(-raw.shape[0] // TILE) * TILE, n_blocks * tile // TILE), np.uint8)[:raw.shape[0]]
+    return np.zeros((-(-rows // TILE) * TILE, n_blocks * tile // TILE), np.uint8)[:rows]
 
 
 def pack_rows(raw: np.ndarray, qtype: QType, out: np.ndarray) -> None:
@@ -182,7 +183,7 @@ def pack_rows(raw: np.ndarray, qtype: QType, out: np.ndarray) -> None:
 
 def packed_rows(raw: np.ndarray, qtype: QType) -> np.ndarray:
     """A matrix's rows repacked (read-only)."""
-    out = new_packed_rows(raw, qtype)
+    out = new_packed_rows(*raw.shape, qtype)
     pack_rows(raw, qtype, out)
     out.flags.writeable = False
     return out

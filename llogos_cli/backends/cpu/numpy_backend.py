@@ -71,7 +71,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         self._rows = None
         self._product_types: set = set()   # the block types of the matrices held quantized, for warm_up
         self._routes: dict[tuple, tuple] = {}   # by the identities of a list's matrices
-        self._joined: dict[tuple, np.ndarray] = {}   # the matrix that lists of them were joined into
+        self._joined: dict[tuple, tuple] = {}   # matrices loaded as one, by their identities: (them, the one)
         if batched:
             from llogos_cli.backends.cpu import cpu_rows
             self._rows = cpu_rows
@@ -106,21 +106,20 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             drop_pages(raw)
         return Matrix(raw, qtype, None, True, blocks)
 
-    def join(self, ws: list[Matrix]) -> None:
-        """Matrices in blocks of one type whose products share an input (q, k and v; gate and up)
-        as one matrix, each w's blocks a view of its rows: one integer product for them all, as
-        for one matrix (the kernel's arguments for several cost a call ~2.5 µs)."""
-        if (self.weights != "quantized" or len(ws) < 2 or any(w.blocks is None for w in ws)
-                or len({(w.qtype, w.blocks.shape[1]) for w in ws}) > 1):
-            return
-        joined = self.quant_matmul.join([w.blocks for w in ws], ws[0].qtype)
-        if joined is None:
-            return
-        first = 0
-        for w in ws:
-            w.blocks = joined[first:first + w.blocks.shape[0]]
-            first += w.blocks.shape[0]
-        self._joined[tuple(map(id, ws))] = joined
+    def matrices(self, raws: list[np.ndarray], qtype: GGMLQuantizationType) -> list[Matrix]:
+        """Matrices whose products share an input (q, k and v; gate and up), held as one in blocks
+        where QuantMatmul joins them, each matrix's blocks a view of its rows: one integer product
+        for them all, as for one matrix (the kernel's arguments for several cost a call ~2.5 µs)."""
+        if self.weights != "quantized" or not self.quant_matmul.joins(raws, qtype):
+            return [self.matrix(raw, qtype, matmul=True) for raw in raws]
+        self._product_types.add(qtype)
+        joined = self.quant_matmul.pack_joined(raws, qtype)
+        ms, first = [], 0
+        for raw in raws:
+            ms.append(Matrix(raw, qtype, None, True, joined[first:first + raw.shape[0]]))
+            first += raw.shape[0]
+        self._joined[tuple(map(id, ms))] = (ms, joined)   # ms held, so that no identity is reused
+        return ms
 
     @property
     def load_threads(self) -> int:
@@ -221,7 +220,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         key = tuple(map(id, ws))
         joined = self._joined.get(key)
         if joined is not None:
-            route = self.quant_matmul.route([(joined, ws[0].qtype)])
+            route = self.quant_matmul.route([(joined[1], ws[0].qtype)])
             firsts = np.cumsum([0] + [w.blocks.shape[0] for w in ws]).tolist()
         else:
             route = None if any(w.dense is not None for w in ws) else self.quant_matmul.route([(w.blocks, w.qtype) for w in ws])

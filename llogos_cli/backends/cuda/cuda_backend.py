@@ -53,8 +53,9 @@ class CudaBackend:
             return self.xp.asarray(quants.dequantize(raw, qtype))
         return upload(self.xp, raw, qtype, matmul)  # products and lookups both read the quantized bytes
 
-    def join(self, ws: list) -> None:
-        """Products sharing an input stay one launch each here: nothing to join."""
+    def matrices(self, raws: list[np.ndarray], qtype: GGMLQuantizationType) -> list:
+        """Products that share an input stay one launch each here: each matrix on its own."""
+        return [self.matrix(raw, qtype, matmul=True) for raw in raws]
 
     def warm_up(self) -> None:
         """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
