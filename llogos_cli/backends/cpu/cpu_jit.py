@@ -94,7 +94,7 @@ def parts(units: int, threads: int) -> int:
     """How many parts to cut `units` of work into on `threads` threads, SHARES a thread (at most one
     a unit), with the next prange set to hand them out one at a time as threads come free: for
     kernels that take their part of the units as one range (the integer products: a part a call of
-    the per-tile loop, where each prange iteration handed out costs ~0.2 µs)."""
+    the per-tile loop, where each prange iteration handed out has a cost of its own)."""
     _set_chunk_size(1)
     return max(1, min(units, SHARES * threads))
 

@@ -52,6 +52,14 @@ class Matrix:
         return self.dense.nbytes if self.dense is not None else self.blocks.nbytes
 
 
+@dataclass(frozen=True, slots=True)
+class _Products:
+    """How matmuls multiplies a list of matrices."""
+    ws: list                    # held, so that no other matrix takes the identity of one
+    route: object               # QuantMatmul's route of their products in blocks; None where one is float32
+    firsts: list | None         # where they were joined into one matrix: each one's first row, and the end
+
+
 class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
     name = "cpu"
     graphs = False               # no capture: the runner runs each decode step eagerly
@@ -70,7 +78,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         self._rope_cos_sin = None
         self._rows = None
         self._product_types: set = set()   # the block types of the matrices held quantized, for warm_up
-        self._routes: dict[tuple, tuple] = {}   # by the identities of a list's matrices
+        self._routes: dict[tuple, _Products] = {}   # by the identities of a list's matrices
         self._joined: dict[tuple, tuple] = {}   # matrices loaded as one, by their identities: (them, the one)
         if batched:
             from llogos_cli.backends.cpu import cpu_rows
@@ -109,7 +117,8 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
     def matrices(self, raws: list[np.ndarray], qtype: GGMLQuantizationType) -> list[Matrix]:
         """Matrices whose products share an input (q, k and v; gate and up), held as one in blocks
         where QuantMatmul joins them, each matrix's blocks a view of its rows: one integer product
-        for them all, as for one matrix (the kernel's arguments for several cost a call ~2.5 µs)."""
+        for them all, with a single matrix's arguments (several matrices' cost a call more to pass;
+        docs/PERF.md)."""
         if self.weights != "quantized" or not self.quant_matmul.joins(raws, qtype):
             return [self.matrix(raw, qtype, matmul=True) for raw in raws]
         self._product_types.add(qtype)
@@ -200,21 +209,18 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
 
     def matmuls(self, x: np.ndarray, ws: list[Matrix]) -> list[np.ndarray]:
         """x times each of ws, which share it as their input: the quantized ones in one call."""
-        held = self._routes.get(tuple(map(id, ws)))   # (ws, route, where joined: ws's first rows)
-        if held is None:
-            held = self._route(ws)
-        if held[1] is None:
+        products = self._routes.get(tuple(map(id, ws))) or self._products(ws)
+        if products.route is None:
             return [self.matmul(x, w) for w in ws]
-        if held[2] is None:
-            return self.quant_matmul.run(x, held[1])
-        out = self.quant_matmul.run(x, held[1])[0]   # the joined matrix's product: each w's columns
-        firsts = held[2]
+        if products.firsts is None:
+            return self.quant_matmul.run(x, products.route)
+        out = self.quant_matmul.run(x, products.route)[0]   # the joined matrix's product: each w's columns
+        firsts = products.firsts
         parts = [out[:, firsts[i]:firsts[i + 1]] for i in range(len(ws))]
         return parts if x.shape[0] == 1 else [np.ascontiguousarray(part) for part in parts]
 
-    def _route(self, ws: list[Matrix]) -> tuple:
-        """ws (held, so that no identity is reused), the route of their products in blocks
-        (QuantMatmul.route; None where one is float32), and where ws were joined, their first rows."""
+    def _products(self, ws: list[Matrix]) -> "_Products":
+        """How matmuls multiplies ws, found once per list and kept."""
         if len(self._routes) >= ROUTES_KEPT:
             self._routes.clear()
         key = tuple(map(id, ws))
@@ -225,8 +231,8 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         else:
             route = None if any(w.dense is not None for w in ws) else self.quant_matmul.route([(w.blocks, w.qtype) for w in ws])
             firsts = None
-        held = self._routes[key] = (list(ws), route, firsts)
-        return held
+        products = self._routes[key] = _Products(list(ws), route, firsts)
+        return products
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
