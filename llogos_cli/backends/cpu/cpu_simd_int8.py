@@ -42,6 +42,7 @@ from llogos_cli.backends.cpu.cpu_simd import (
     I32,
     I64,
     at,
+    broadcast,
     const,
     load,
     vec,
@@ -433,8 +434,7 @@ def quantize8(block: int, per_sum: int):
                 d = builder.fdiv(amax, ir.Constant(F32, 127.0))
                 inv = builder.select(builder.fcmp_ordered(">", d, ir.Constant(F32, 0.0)),
                                      builder.fdiv(ir.Constant(F32, 1.0), d), ir.Constant(F32, 0.0))
-                invs = builder.shuffle_vector(builder.insert_element(const(F32, 1, 0.0), inv, ir.Constant(I32, 0)),
-                                              const(F32, 1, 0.0), ir.Constant(vec(I32, 16), [0] * 16))
+                invs = broadcast(builder, inv, 16)
                 qs = [builder.fptosi(_call(builder, "llvm.rint.v16f32", f16, builder.fmul(v, invs)), vec(I32, 16)) for v in vs]
                 for i, qv in enumerate(qs):
                     _store(context, builder, xq_t, xq, builder.add(xq_row, at(builder, o, 16 * i)), builder.trunc(qv, vec(I8, 16)))

@@ -79,7 +79,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         self._rows = None
         self._product_types: set = set()   # the block types of the matrices held quantized, for warm_up
         self._routes: dict[tuple, _Products] = {}   # by the identities of a list's matrices
-        self._joined: dict[tuple, tuple] = {}   # matrices loaded as one, by their identities: (them, the one)
+        self._joined: dict[tuple, _Products] = {}   # the products of matrices loaded as one, kept past _routes' clearing
         if batched:
             from llogos_cli.backends.cpu import cpu_rows
             self._rows = cpu_rows
@@ -123,11 +123,9 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             return [self.matrix(raw, qtype, matmul=True) for raw in raws]
         self._product_types.add(qtype)
         joined = self.quant_matmul.pack_joined(raws, qtype)
-        ms, first = [], 0
-        for raw in raws:
-            ms.append(Matrix(raw, qtype, None, True, joined[first:first + raw.shape[0]]))
-            first += raw.shape[0]
-        self._joined[tuple(map(id, ms))] = (ms, joined)   # ms held, so that no identity is reused
+        firsts = np.cumsum([0] + [raw.shape[0] for raw in raws]).tolist()
+        ms = [Matrix(raw, qtype, None, True, joined[firsts[i]:firsts[i + 1]]) for i, raw in enumerate(raws)]
+        self._joined[tuple(map(id, ms))] = _Products(ms, self.quant_matmul.route([(joined, qtype)]), firsts)
         return ms
 
     @property
@@ -224,14 +222,11 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         if len(self._routes) >= ROUTES_KEPT:
             self._routes.clear()
         key = tuple(map(id, ws))
-        joined = self._joined.get(key)
-        if joined is not None:
-            route = self.quant_matmul.route([(joined[1], ws[0].qtype)])
-            firsts = np.cumsum([0] + [w.blocks.shape[0] for w in ws]).tolist()
-        else:
+        products = self._joined.get(key)
+        if products is None:
             route = None if any(w.dense is not None for w in ws) else self.quant_matmul.route([(w.blocks, w.qtype) for w in ws])
-            firsts = None
-        products = self._routes[key] = _Products(list(ws), route, firsts)
+            products = _Products(list(ws), route, None)
+        self._routes[key] = products
         return products
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
