@@ -104,3 +104,24 @@ def test_llvm_s_pages_are_handed_back_after_warm_up_and_come_back_when_needed():
     def triangle(n):
         return sum(range(n + 1))
     assert triangle(100) == 5050 and _llvm_resident_kib() > 8 << 10
+
+
+_PEAK_OF_LOADING = """
+from llogos_cli.model.loader import load
+loaded = load("smollm2-135m", "cpu", "quantized", n_ctx=64)   # held while measured
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(int(status["VmHWM"].split()[0]), int(status["VmRSS"].split()[0]))
+"""
+
+
+def test_loading_peaks_at_what_the_loaded_model_holds(env):
+    """The kernels are loaded before the weights, so LLVM's pages (~50-70 MB while it loads them)
+    are handed back before the weights take memory: the load's peak RSS is the loaded model's
+    resident size, not that plus the compiler's. (The second run: a first one also parses the
+    file's header into llogos' cache.)"""
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", _PEAK_OF_LOADING], env=env, capture_output=True,
+                             text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    peak_kib, resident_kib = map(int, run.stdout.split())
+    assert peak_kib - resident_kib < 20 << 10, (peak_kib, resident_kib)

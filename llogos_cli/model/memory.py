@@ -51,6 +51,11 @@ def _in_products(name: str, cfg: ModelConfig) -> bool:
     return name != "token_embd.weight" or cfg.output == name
 
 
+def product_types(f: GGUFFile, cfg: ModelConfig) -> set:
+    """The block types of the matrices used in products: the kernels a backend's warm_up readies."""
+    return {t.ggml_type for name, t in f.tensors.items() if len(t.shape) > 1 and _in_products(name, cfg)}
+
+
 def weight_bytes(f: GGUFFile, cfg: ModelConfig, held: str) -> int:
     """Bytes of the weights as held: "f32" (the CPU's matrices used in products expanded),
     "quantized" (the CPU reading the file's blocks in place) or "cuda" (blocks uploaded)."""

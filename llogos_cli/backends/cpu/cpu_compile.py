@@ -18,7 +18,7 @@ from llogos_cli.backends.cpu import cpu_jit
 
 
 def compile_in_child(weights: str, batched: bool, product_types: set) -> None:
-    """Have a child process compile what NumpyBackend(weights, batched).warm_up() compiles for
+    """Have a child process compile what NumpyBackend(weights, batched).warm_up(types) compiles for
     matrices of these types, unless one already has since the kernels' sources last changed. Does
     nothing where numba's cache is not llogos' folder; on any failure the caller compiles itself."""
     folder = cpu_jit.cache_folder()

@@ -77,7 +77,6 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         self._rope_turn = None
         self._rope_cos_sin = None
         self._rows = None
-        self._product_types: set = set()   # the block types of the matrices held quantized, for warm_up
         self._routes: dict[tuple, _Products] = {}   # by the identities of a list's matrices
         self._joined: dict[tuple, _Products] = {}   # the products of matrices loaded as one, kept past _routes' clearing
         if batched:
@@ -108,7 +107,6 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             return Matrix(raw, qtype, raw.view(np.float32), True)
         if quants.row_elements(raw, qtype) < MIN_PRODUCT_ROW:
             return Matrix(raw, qtype, quants.dequantize(raw, qtype), True)   # e.g. a conv kernel (C, 4)
-        self._product_types.add(qtype)
         blocks = self.quant_matmul.pack(raw, qtype)
         if blocks is not raw:   # read from here on in the copy only (a tied table's rows come back on use)
             drop_pages(raw)
@@ -121,7 +119,6 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         docs/PERF.md)."""
         if self.weights != "quantized" or not self.quant_matmul.joins(raws, qtype):
             return [self.matrix(raw, qtype, matmul=True) for raw in raws]
-        self._product_types.add(qtype)
         joined = self.quant_matmul.pack_joined(raws, qtype)
         firsts = np.cumsum([0] + [raw.shape[0] for raw in raws]).tolist()
         ms = [Matrix(raw, qtype, None, True, joined[firsts[i]:firsts[i + 1]]) for i, raw in enumerate(raws)]
@@ -141,11 +138,14 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         from llogos_cli.backends.cpu.cpu_quant import ISA_NAMES
         return ISA_NAMES[self.quant_matmul.isa]
 
-    def warm_up(self, product_types: set | None = None, here: bool = False) -> None:
-        """Compile the kernels this backend will call (numba caches them: on a machine's first run
-        this takes seconds, later runs only load them), so no prompt's time includes it. Unless
-        `here`, a child process compiles them first (cpu_compile), and this one loads them."""
-        types = self._product_types if product_types is None else product_types
+    def warm_up(self, product_types: set, here: bool = False) -> None:
+        """Compile the kernels this backend will call on matrices of these block types (numba caches
+        them: on a machine's first run this takes seconds, later runs only load them), so no prompt's
+        time includes it. Called before the weights are loaded, so that LLVM's pages are handed back
+        before the weights take memory. Unless `here`, a child process compiles them first
+        (cpu_compile), and this one loads them."""
+        # float32 matrices are BLAS's, as is every product in f32 mode
+        types = product_types - {GGMLQuantizationType.F32} if self.weights == "quantized" else set()
         if (self._rows is not None or self._jit) and not here:
             from llogos_cli.backends.cpu.cpu_compile import compile_in_child
             compile_in_child(self.weights, self._rows is not None, types)

@@ -57,7 +57,7 @@ class CudaBackend:
         """Products that share an input stay one launch each here: each matrix on its own."""
         return [self.matrix(raw, qtype, matmul=True) for raw in raws]
 
-    def warm_up(self) -> None:
+    def warm_up(self, product_types: set) -> None:
         """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
 
     def to_host(self, x) -> np.ndarray:
