@@ -3,10 +3,12 @@
 A layer's cache holds (n_slots, n_kv, n_ctx, head_dim) keys and values, or, paged, a pool of
 (n_blocks, n_kv, block_size, head_dim) that slots reach through block tables (position p of a slot
 is offset p % block_size of block tables[slot, p // block_size]). A batch is a list of runs (see
-backends/__init__.py): decode rows (runs of one token) are attended all at once, each query against
-its own slot's first pos + 1 keys, the rest masked (softmax with per-row lengths); longer runs
-(prompt chunks) attend causally within their slot, a run at a time. A paged cache's keys are
-gathered block by block into the same (rows, n_kv, positions, head_dim) shape first.
+backends/__init__.py). Where numba is loaded and the cache is float32, every token is attended by
+cpu_attention's loop as a row of its own. Otherwise, in NumPy: decode rows (runs of one token) are
+attended all at once, each query against its own slot's first pos + 1 keys, the rest masked
+(softmax with per-row lengths); longer runs (prompt chunks) attend causally within their slot, a
+run at a time. A paged cache's keys are gathered block by block into the same (rows, n_kv,
+positions, head_dim) shape first.
 """
 
 import mmap
@@ -29,8 +31,8 @@ class Layout:
     pos: np.ndarray     # (T,) int32
     rows: np.ndarray    # indices of the tokens that are runs of their own (decode rows)
     runs: tuple         # (slot, t0, t1) of the longer runs (prompt chunks)
-    # What every layer would look up alike, kept at the first: where the tokens' keys go, the decode
-    # rows' slots, positions and block tables (one table array serves every layer).
+    # What every layer would look up alike, kept at the first: where the tokens' keys go and their
+    # block tables (one table array serves every layer).
     memo: dict = field(default_factory=dict, compare=False)
 
     def located(self, cache: "KVCache") -> tuple[np.ndarray, np.ndarray]:
@@ -40,12 +42,11 @@ class Layout:
             self.memo[key] = cache.where(self.slots, self.pos)
         return self.memo[key]
 
-    def decode_rows(self, cache: "KVCache") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The decode rows' slots, positions, and block tables (an unpaged slot is one block)."""
-        key = ("rows", id(cache.tables))
+    def blocks(self, cache: "KVCache") -> np.ndarray:
+        """Every token's row of block tables (an unpaged slot is one block): (T, blocks)."""
+        key = ("blocks", id(cache.tables))
         if key not in self.memo:
-            slots, pos = self.slots[self.rows], self.pos[self.rows]
-            self.memo[key] = slots, pos, slots.reshape(-1, 1) if cache.tables is None else cache.tables[slots]
+            self.memo[key] = self.slots.reshape(-1, 1) if cache.tables is None else cache.tables[self.slots]
         return self.memo[key]
 
 
@@ -162,16 +163,13 @@ class AttentionOps:
         With softcap, scores s (scaled) become softcap * tanh(s / softcap) before the softmax; sinks
         (H,) are a logit per head that joins each softmax's denominator (gpt-oss)."""
         out = np.empty((q.shape[0], q.shape[1], cache.v.shape[3]), np.float32)
-        if len(layout.rows) and self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
-            rows = layout.rows
-            _, pos, blocks = layout.decode_rows(cache)
-            part = out if len(rows) == len(out) else np.empty((len(rows),) + out.shape[1:], np.float32)
-            self.compiled_attention(np.ascontiguousarray(q[rows] if len(rows) < len(q) else q, np.float32),
-                                    cache.k, cache.v, blocks, pos, scale, window, softcap,
-                                    _NO_SINKS if sinks is None else sinks, part)
-            if part is not out:
-                out[rows] = part
-        elif len(layout.rows):
+        if self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
+            # Every token a row, a prompt's too: its keys are stored before it attends them, so each
+            # of its tokens attends its slot's keys up to its own position as a decode row does.
+            self.compiled_attention(np.ascontiguousarray(q, np.float32), cache.k, cache.v, layout.blocks(cache),
+                                    layout.pos, scale, window, softcap, _NO_SINKS if sinks is None else sinks, out)
+            return out
+        if len(layout.rows):
             out[layout.rows] = _rows(q[layout.rows], cache, layout.slots[layout.rows], layout.pos[layout.rows],
                                      scale, window, softcap, sinks)
         for slot, t0, t1 in layout.runs:
