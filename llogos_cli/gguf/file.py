@@ -91,7 +91,7 @@ def drop_pages(view: np.ndarray) -> None:
 def drop_rows(view: np.ndarray, ids: np.ndarray) -> None:
     """drop_pages for the rows of a view just read (a tied embedding table's, say): a page fault maps
     the whole large folio of the page cache around the page, up to _FOLIO bytes, so each row read
-    brought back up to that much (a 128-token prompt ~120 MB of a 1B model's table). The windows
+    brought back up to that much (docs/PERF.md, "Figures behind choices in the code"). The windows
     around the rows go, whole pages within the view only, each window once (rows near each other
     share theirs)."""
     if not isinstance(view, np.memmap) or getattr(view, "_mmap", None) is None:

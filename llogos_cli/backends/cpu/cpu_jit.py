@@ -49,8 +49,8 @@ _MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)   # Linux 5.4 on
 
 
 def release_compiler_pages() -> None:
-    """Hand back LLVM's resident pages (libllvmlite's: ~40 MB once numba is imported, ~70 MB once
-    the kernels are loaded). numba runs LLVM only to compile or load a kernel; in between, those
+    """Hand back LLVM's resident pages (libllvmlite's, tens of MB once the kernels are loaded:
+    docs/PERF.md). numba runs LLVM only to compile or load a kernel; in between, those
     pages are clean copies of the library's file, memory the model's weights could use. LLVM
     reads them back from the file if it runs again. Linux only; elsewhere, or where the kernel
     refuses, nothing happens."""
@@ -81,11 +81,10 @@ SHARES = 4   # chunks of rows a product hands each thread (share_out, parts)
 def share_out(chunks: int) -> None:
     """Make the next prange over `chunks` hand them out as threads come free, about SHARES per
     thread. On a shared machine a thread that loses its core for a time slice then holds up one
-    share, not its whole part of the rows; each hand-out costs ~0.2 µs (one per 16 rows took a
-    1536-row product on one thread from 84 to 101 µs). The setting (numba's, per calling thread)
-    is made only when it changes: through the threading layer's own functions once its threads run,
-    since numba's public getter and setters check and start them on every call, ~4 µs of a 6 µs
-    product. (Inside a kernel, they would keep numba from caching it.) Every prange's caller in
+    share, not its whole part of the rows; each hand-out has a cost of its own (docs/PERF.md). The
+    setting (numba's, per calling thread) is made only when it changes: through the threading
+    layer's own functions once its threads run, since numba's public getter and setters check and
+    start them on every call, most of a small product's time. (Inside a kernel, they would keep numba from caching it.) Every prange's caller in
     these modules calls this or split_evenly first."""
     _set_chunk_size(max(1, chunks // (SHARES * _threading_layer()[1]())))
 

@@ -280,7 +280,7 @@ def _matrix_of(firsts, chunk):
 
 @parallel_kernel
 def matvec8_one(raw, code, x, xq, dx, xs, out, isa, parts):
-    """matvec8 for a single matrix, without the tuples (whose padding costs each call ~2 µs to pass)."""
+    """matvec8 for a single matrix, without the tuples (whose padding costs each call time to pass)."""
     quantize(x, code, xq, dx, xs)
     n = -(-raw.shape[0] // TILE)
     for part in prange(parts):

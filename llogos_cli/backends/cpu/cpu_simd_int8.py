@@ -68,8 +68,8 @@ def host_isa() -> str | None:
 
 
 # How far ahead of the tile-block a kernel multiplies it asks for the rows' bytes (`prefetcht0`). A
-# product of a decode step is short (10-300 µs a call): the hardware's prefetchers, which start
-# afresh on every 4 KiB page, leave each thread waiting on memory at every call's start and page.
+# product of a decode step is short: the hardware's prefetchers, which start afresh on every 4 KiB
+# page, leave each thread waiting on memory at every call's start and page.
 PREFETCH_AHEAD = 2048
 CACHE_LINE = 64
 

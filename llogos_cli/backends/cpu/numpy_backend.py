@@ -31,7 +31,7 @@ WEIGHTS = ("f32", "quantized")
 # (docs/PERF.md). One row is a GEMV; from here on x·Wᵀ is as fast and keeps the result C-ordered.
 _FEW_ROWS = 64
 # Embedding tables past this size give back the file pages a lookup mapped (drop_rows): smaller
-# ones (SmolLM2's 18 MB) stay mapped, which costs less than the ~50 µs a drop takes.
+# ones stay mapped, which costs less than the drops would (docs/PERF.md).
 DROP_ROWS_BYTES = 64 << 20
 DROP_ROWS_EVERY = 8
 
@@ -67,7 +67,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
 
     def __init__(self, weights: str = "f32", batched: bool = False, threads: CpuThreads | None = None):
         """batched: several sequences will decode together, so float32 products of a few rows take
-        cpu_rows' kernel, which is worth numba's import (~0.4 s and ~100 MB at start-up) only then.
+        cpu_rows' kernel, which is worth numba's import (time and memory at start-up) only then.
         threads: how many threads steps of one and of several tokens use (default: auto)."""
         if weights not in WEIGHTS:
             raise LlogosError(f"unknown CPU weights mode '{weights}' (choose from {', '.join(WEIGHTS)})")
@@ -304,7 +304,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             self._glu.glu_rows(np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32), gelu, out)
             return out
         if gelu:  # tanh approximation, as Gemma and llama.cpp use: ½ g (1 + tanh(√(2/π) g (1 + 0.044715 g²)))
-            g = gate * gate   # in place from here: gate ** 3 alone took NumPy ~120 µs for 2048 floats
+            g = gate * gate   # in place from here: NumPy's gate ** 3 is a slow general power
             g *= np.float32(0.044715)
             g += np.float32(1)
             g *= gate
