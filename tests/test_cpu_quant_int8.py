@@ -76,7 +76,8 @@ def test_k_activations_are_llama_cpp_q8_k():
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("n_tok", [1, cpu_quant_int8.TOKENS + 1, 3 * cpu_quant_int8.TOKENS])
+# one token; TOKENS at once and one more; WIDE, TOKENS and one more
+@pytest.mark.parametrize("n_tok", [1, cpu_quant_int8.TOKENS + 1, cpu_quant_int8.WIDE + cpu_quant_int8.TOKENS + 1])
 @pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
 def test_products_are_the_quantized_activations_times_the_weights(qtype, n_tok, isa):
     rng = np.random.default_rng(int(qtype) * 10 + n_tok)
@@ -119,7 +120,7 @@ def test_instruction_sets_agree_bit_for_bit(qtype):
     """Their integer sums are exact and their float steps the same: VNNI and AVX2 give one result."""
     rng = np.random.default_rng(11)
     raw = random_rows(qtype, 20, 2 * K_BLOCK, rng)
-    x = rng.standard_normal((cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
+    x = rng.standard_normal((cpu_quant_int8.WIDE + cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
     vnni, avx2 = (_product(isa, x, raw, qtype) for isa in ISAS)
     assert np.array_equal(vnni, avx2)
 
@@ -144,12 +145,12 @@ def test_stats_say_which_products_decode(monkeypatch):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
 def test_a_token_s_product_does_not_depend_on_the_tokens_beside_it(qtype, isa):
-    """Bit for bit: rows are multiplied with several tokens at once (cpu_quant_int8.TOKENS), and a
+    """Bit for bit: rows are multiplied with several tokens at once (cpu_quant_int8.WIDE, TOKENS), and a
     batched row must come out as it would alone; also from the same QuantMatmul, whose arrays of
     quantized activations the batch left with more rows than a token's product fills."""
     rng = np.random.default_rng(int(qtype) + 7)
     raw = random_rows(qtype, 21, 2 * K_BLOCK, rng)
-    x = rng.standard_normal((2 * cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
+    x = rng.standard_normal((cpu_quant_int8.WIDE + cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
     together = _product(isa, x, raw, qtype)
     qm = cpu_quant.QuantMatmul(isa)
     rows = qm.pack(raw, qtype)

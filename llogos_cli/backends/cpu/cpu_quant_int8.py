@@ -33,11 +33,14 @@ PLAIN_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q
 K_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K})
 TYPES = PLAIN_TYPES | K_TYPES
 TOKENS = 4   # tokens a row is multiplied with at once, its blocks decoded once for them
+WIDE = 8     # ... and in prompts, while that many are left: the blocks decoded once for twice the tokens
 MATRICES = 4   # products one call runs together (sharing an input), padded to this many
 _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (tile_dot8(n, 1) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
 _q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (tile_dot8(n, TOKENS) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
 _q4_k, _q5_k, _q6_k = (k_tile_dot8(n, 1) for n in ("q4_k", "q5_k", "q6_k"))
 _q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q4_k", "q5_k", "q6_k"))
+_q8_08, _q4_08, _q4_18, _q5_08, _q5_18 = (tile_dot8(n, WIDE) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
+_q4_k8, _q5_k8, _q6_k8 = (k_tile_dot8(n, WIDE) for n in ("q4_k", "q5_k", "q6_k"))
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
 _Q4_K, _Q5_K, _Q6_K = int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
@@ -191,17 +194,22 @@ def packed_rows(raw: np.ndarray, qtype: QType) -> np.ndarray:
 
 @kernel
 def _tiles(rows, code, c0, c1, xq, dx, xs, out, isa):
-    """Tiles c0..c1-1 of tiled rows of type `code` times every token, into out (T, rows): TOKENS
-    tokens at a time, then one at a time; xq, dx, xs the activations of the T tokens in their
+    """Tiles c0..c1-1 of tiled rows of type `code` times every token, into out (T, rows): WIDE
+    tokens at a time while that many are left (a prompt's), then TOKENS, then one at a time; xq, dx, xs the activations of the T tokens in their
     first T rows, xs their integer sums (per block of 32 for the plain types, per 16 for the K types)."""
     n_tok, n_rows = out.shape[0], out.shape[1]
-    sums = np.empty(TILE * TOKENS, np.float32)
+    sums = np.empty(TILE * WIDE, np.float32)
     for c in range(c0, c1):
         r0 = TILE * c
         n = min(TILE, n_rows - r0)
-        for t in range(0, n_tok, TOKENS):
-            k = min(TOKENS, n_tok - t)
-            if k == TOKENS:
+        t = 0
+        while t < n_tok:
+            k = n_tok - t
+            if k >= WIDE:
+                k = WIDE
+                _dot8(rows, code, c, xq, dx, xs, t, isa, sums)
+            elif k >= TOKENS:
+                k = TOKENS
                 _dot4(rows, code, c, xq, dx, xs, t, isa, sums)
             else:
                 for j in range(k):
@@ -209,6 +217,7 @@ def _tiles(rows, code, c0, c1, xq, dx, xs, out, isa):
             for j in range(k):
                 for i in range(n):
                     out[t + j, r0 + i] = sums[TILE * j + i]
+            t += k
 
 
 @kernel
@@ -229,6 +238,26 @@ def _dot4(rows, code, c, xq, dx, xs, t, isa, sums):
         _q6_k4(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
+
+
+@kernel
+def _dot8(rows, code, c, xq, dx, xs, t, isa, sums):
+    if code == _Q4_1:
+        _q4_18(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q8_0:
+        _q8_08(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q4_0:
+        _q4_08(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_0:
+        _q5_08(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_1:
+        _q5_18(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q4_K:
+        _q4_k8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q6_K:
+        _q6_k8(rows, c, xq, dx, xs, t, isa, sums)
+    else:
+        _q5_k8(rows, c, xq, dx, xs, t, isa, sums)
 
 
 @kernel
