@@ -189,6 +189,40 @@ def test_batch_rows_are_constrained_each_on_its_own():
         jsonschema.validate(json.loads(results[f"s{i}"].text), schema)
 
 
+def test_greedy_grammar_rows_are_masked_where_the_logits_are():
+    """Greedy rows with a grammar send their bitmasks to the backend (mask_logits) and take the
+    argmax there, as unconstrained greedy rows do: no logits row crosses to the host, and every
+    row chooses what the host's masked sampling chose (asking for logprobs keeps a row on the
+    host), beside a plain greedy row in the same steps."""
+    m, tok = tiny_model()
+    prompt = tok.encode("a b c")
+
+    def rows(n_logprobs: int) -> list:
+        return [Request("plain", prompt, SamplingParams(temp=0.0), StopCriteria(12, ignore_eos=True)),
+                *(Request(f"s{i}", prompt, SamplingParams(temp=0.0), StopCriteria(400), n_logprobs,
+                          Grammar.json_schema(schema)) for i, schema in enumerate(BOUNDED[:3]))]
+
+    crossed = []
+    to_host = m.backend.to_host
+    m.backend.to_host = lambda x: crossed.append(np.shape(x)) or to_host(x)
+    on_device = {r.id: r for r in BatchEngine(m, tok, 4, 512).generate(rows(0))}
+    assert not [shape for shape in crossed if shape[-1:] == (m.cfg.n_vocab,)]
+    on_host = {r.id: r for r in BatchEngine(m, tok, 4, 512).generate(rows(1))}
+    assert [shape for shape in crossed if shape[-1:] == (m.cfg.n_vocab,)]
+    for i, schema in enumerate(BOUNDED[:3]):
+        assert on_device[f"s{i}"].tokens == on_host[f"s{i}"].tokens
+        jsonschema.validate(json.loads(on_device[f"s{i}"].text), schema)
+    assert on_device["plain"].tokens == on_host["plain"].tokens
+
+
+def test_a_mask_s_bits_are_the_allowed_tokens():
+    m, tok = tiny_model()
+    matcher = Matcher(Grammar.json_schema(BOUNDED[0]), tok)
+    logits = np.random.default_rng(2).standard_normal((1, tok.n_vocab + 5)).astype(np.float32)
+    masked = m.backend.mask_logits(logits, matcher.bits()[None])
+    assert np.array_equal(np.isfinite(masked[0]), matcher.allowed(tok.n_vocab + 5))
+
+
 def test_a_mask_started_ahead_is_the_mask_computed_in_place():
     """start() computes the next mask on the mask thread; allowed() and consume() wait for it, so a
     matcher walked with masks started ahead matches one walked without, token for token."""

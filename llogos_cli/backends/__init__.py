@@ -17,7 +17,7 @@ Every backend implements the same methods on its own array type (NumPy on CPU, C
   ffn         glu(gate, up, gelu)
   experts     route(logits, k) · matmul_experts(x, w, experts, n_expert, weights=None)
   recurrence  zeros(shape) · ssm_conv(x, conv_state, w, layout) · delta_net(q, k, v, g, beta, state, layout)
-  sampling    argmax_rows(logits)
+  sampling    mask_logits(logits, bits) · argmax_rows(logits)
 
 Shapes are (tokens, features) or (tokens, heads, head_dim); weights are (out, in).
 
@@ -43,6 +43,9 @@ forward pass; what it returns is handed to every layer's kv_store, attention, ss
                                  and v; gate and up), which a backend may run as one
   matrices(raws, qtype)          matrices of one type loaded together, whose products will be
                                  taken together (matmuls): a backend may hold them as one
+  mask_logits(logits, bits)      logits (R, n_vocab), bits (R, words) host uint32 (a grammar's
+                                 token bitmask per row: bit i % 32 of word i / 32) -> the logits
+                                 with each row's unset tokens, and any past the words, at -inf
   argmax_rows(logits)            logits (R, n_vocab) -> host int array (R,): each row's argmax,
                                  taken where the logits are
   capture(fn)                    where graphs is true: fn()'s device work recorded, not run, as

@@ -105,13 +105,19 @@ class Matcher:
 
     def allowed(self, n: int) -> np.ndarray:
         """Which of n logits (the vocabulary, and any padding past it) may be chosen next, as bools."""
+        bits = np.unpackbits(self.bits().view(np.uint8), bitorder="little").view(bool)
+        mask = np.zeros(n, bool)
+        mask[:min(n, len(bits))] = bits[:n]
+        return mask
+
+    def bits(self) -> np.ndarray:
+        """The next token's bitmask as uint32 words: token i may be chosen where bit i % 32 of word
+        i // 32 is set (what a backend's mask_logits takes)."""
         bits = self._wait()
         if bits is None:
             bits = self._fill()
         self._fail_if_broken()
-        mask = np.zeros(n, bool)
-        mask[:min(n, len(bits))] = bits[:n]
-        return mask
+        return bits
 
     def consume(self, token_id: int) -> None:
         self._wait()
@@ -126,7 +132,7 @@ class Matcher:
 
     def _fill(self) -> np.ndarray:
         llguidance_numpy.fill_next_token_bitmask(self._matcher, self._bits)
-        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)
+        return self._bits[0].view(np.uint32).copy()
 
     def _wait(self) -> np.ndarray | None:
         """The mask in flight, once it is done (None if there is none): the matcher is ours again."""

@@ -62,7 +62,11 @@ class ModelRunner:
         greedy = [i for i, r in enumerate(rows) if r.seq.plain_greedy]
         chosen: list = [None] * len(rows)
         if greedy:
-            ids = b.argmax_rows(logits if len(greedy) == len(rows) else logits[greedy])
+            chosen_logits = logits if len(greedy) == len(rows) else logits[greedy]
+            masks = _masks([rows[i] for i in greedy], logits.shape[1])
+            if masks is not None:   # grammar rows: their masks go to the logits, not the logits to the host
+                chosen_logits = b.mask_logits(chosen_logits, masks)
+            ids = b.argmax_rows(chosen_logits)
             for i, token_id in zip(greedy, ids):
                 chosen[i] = (int(token_id), None)
         others = [i for i in range(len(rows)) if chosen[i] is None]
@@ -71,3 +75,18 @@ class ModelRunner:
             for i, row_logits in zip(others, host):
                 chosen[i] = rows[i].seq.choose(row_logits)
         return chosen
+
+
+def _masks(rows: list, n: int) -> np.ndarray | None:
+    """The rows' grammar bitmasks over n logits, (rows, words) uint32; every bit set for a row
+    without a grammar; None if no row has one."""
+    bits = [r.seq.mask_bits() for r in rows]
+    if all(b is None for b in bits):
+        return None
+    words = -(-n // 32)
+    out = np.full((len(rows), words), 0xFFFFFFFF, np.uint32)
+    for j, b in enumerate(bits):
+        if b is not None:
+            out[j] = 0
+            out[j, :min(words, len(b))] = b[:words]
+    return out

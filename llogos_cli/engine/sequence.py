@@ -69,8 +69,13 @@ class Sequence:
 
     @property
     def plain_greedy(self) -> bool:
-        """The next token is the argmax of the raw logits: it can be taken where the logits are."""
-        return self.sampler.plain_greedy and not self.n_logprobs and self.matcher is None
+        """The next token is the argmax of the logits, masked by the grammar where there is one
+        (mask_bits): it can be taken where the logits are."""
+        return self.sampler.plain_greedy and not self.n_logprobs
+
+    def mask_bits(self) -> np.ndarray | None:
+        """The grammar's bitmask of the tokens allowed next (uint32 words), None without a grammar."""
+        return None if self.matcher is None else self.matcher.bits()
 
     def start_mask(self) -> None:
         """Begin the grammar's mask for the next token (a constrained row), to be ready when it samples."""

@@ -440,3 +440,30 @@ def test_argmax_rows_take_each_rows_first_maximum(backend, n):
     x[2, 0] = 7.0
     got = backend.argmax_rows(backend.xp.asarray(x))
     assert got.tolist() == np.argmax(x, axis=1).tolist() == [n // 3, n - 1, 0]
+
+
+def _masked_reference(x: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """x with token i of row r at -inf unless bit i % 32 of bits[r, i // 32] is set (none past the words)."""
+    want = np.full(x.shape, -np.inf, np.float32)
+    for r in range(x.shape[0]):
+        for i in range(min(x.shape[1], 32 * bits.shape[1])):
+            if (int(bits[r, i // 32]) >> (i % 32)) & 1:
+                want[r, i] = x[r, i]
+    return want
+
+
+@pytest.mark.parametrize("n, words", [(1037, 33), (1037, 30), (64, 2)])
+def test_mask_logits_leaves_each_row_its_allowed_tokens(backend, n, words):
+    """A grammar's bitmask per row (llguidance's layout); 30 words cover fewer tokens than the row
+    has: the rest are forbidden, as the logits' padding past the vocabulary is."""
+    rng = np.random.default_rng(n + words)
+    x = rng.standard_normal((3, n)).astype(np.float32)
+    bits = rng.integers(0, 2 ** 32, (3, words), dtype=np.uint64).astype(np.uint32)
+    bits[1] = 0                  # nothing allowed
+    bits[2, 0] = 1 << 5          # one token in the first word, none elsewhere
+    bits[2, 1:] = 0
+    want = _masked_reference(x, bits)
+    got = host(backend, backend.mask_logits(backend.xp.asarray(x), bits))
+    assert np.array_equal(got, want)
+    assert np.array_equal(CPU.mask_logits(x, bits), want)
+    assert host(backend, backend.argmax_rows(backend.mask_logits(backend.xp.asarray(x), bits)))[2] == 5

@@ -318,5 +318,12 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         return g * up
 
     # ---------------------------------------------------------------- sampling
+    def mask_logits(self, logits: np.ndarray, bits: np.ndarray) -> np.ndarray:
+        n = logits.shape[1]
+        allowed = np.unpackbits(np.ascontiguousarray(bits, np.uint32).view(np.uint8), axis=1, bitorder="little")[:, :n]
+        out = np.full(logits.shape, -np.inf, np.float32)
+        np.copyto(out[:, :allowed.shape[1]], logits[:, :allowed.shape[1]], where=allowed.astype(bool))
+        return out
+
     def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
         return np.argmax(logits, axis=1)

@@ -206,6 +206,9 @@ class CudaBackend:
         return cuda_recurrent.delta_net(self.kernels, c(q), c(k), c(v), c(g), c(beta), state, layout)
 
     # ---------------------------------------------------------------- sampling
+    def mask_logits(self, logits, bits: np.ndarray):
+        return cuda_ops.mask_logits(self.kernels, self._c(logits), self.xp.asarray(bits, np.uint32))
+
     def argmax_rows(self, logits) -> np.ndarray:
         """Each row's argmax, taken on the device: only R ints cross to the host."""
         return self.to_host(cuda_ops.argmax_rows(self.kernels, self._c(logits)))

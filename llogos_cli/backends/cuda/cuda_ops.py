@@ -122,6 +122,19 @@ def softcap(k, x, cap: float):
     return _pointwise(k, "softcap", "softcap_f32", (x,), np.float32(cap))
 
 
+def mask_logits(k, x, bits):
+    """x (R, n) with each row's tokens its bitmask row (bits (R, words) uint32) leaves out at -inf."""
+    check(x, np.float32, "x")
+    check(bits, np.uint32, "bits")
+    n_rows, n = x.shape
+    assert bits.shape[0] == n_rows, f"{bits.shape[0]} mask rows for {n_rows} rows of logits"
+    y = k.xp.empty_like(x)
+    if n_rows and n:
+        k.function("mask_logits", "mask_logits_f32")((cdiv(n, _THREADS), n_rows), (_THREADS,),
+                                                       (x, bits, y, np.int32(n), np.int32(bits.shape[1])))
+    return y
+
+
 def argmax_rows(k, x):
     """The index of the largest element of each row of x (R, n), as a device int32 array (R,)."""
     check(x, np.float32, "x")
