@@ -57,7 +57,8 @@ async def one(client: httpx.AsyncClient, url: str, system: str, question: str, m
 
 
 async def run(a) -> dict:
-    async with httpx.AsyncClient(timeout=600) as client:
+    # A connection per request: llama-server closes idle keep-alive connections that httpx would reuse.
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         system = system_prompt(uuid.uuid4().hex[:8], a.words)
         cold = await one(client, a.url, system, QUESTIONS[0], a.max_tokens)
         warm = [await one(client, a.url, system, q, a.max_tokens) for q in QUESTIONS[1:a.warm + 1]]

@@ -66,13 +66,14 @@ def test_f32_that_does_not_fit_suggests_quantized_and_auto_takes_it(tiny, monkey
     assert loaded.model.backend.weights == "quantized" and "quantized" in loaded.memory
 
 
-def test_auto_reads_blocks_for_one_sequence_and_expands_a_small_batched_model_with_room(tiny, monkeypatch):
+def test_auto_reads_blocks_where_every_product_has_a_kernel_and_else_expands_a_small_model(tiny, monkeypatch):
     f, cfg = tiny
     monkeypatch.setattr(memory, "host_available", lambda: 64 << 30)
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32")[0] == "quantized"   # q8_0 has a block kernel
-    assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "f32"
+    assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "quantized"
     monkeypatch.setattr(memory, "CPU_DOT_TYPES", frozenset())    # as for F16 or BF16 matrices
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32")[0] == "f32"
+    assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "f32"
     monkeypatch.setattr(memory, "F32_MAX_WEIGHTS", 1000)
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "quantized"
     assert memory.choose_cpu_weights(f, cfg, "f32", 256, "f32", "f32")[0] == "f32"

@@ -144,16 +144,16 @@ def gpu_available() -> int:
 
 def choose_cpu_weights(f: GGUFFile, cfg: ModelConfig, requested: str, n_ctx: int, type_k: str, type_v: str,
                        n_slots: int = 1) -> tuple[str, str]:
-    """--cpu-weights: f32 and quantized as asked. auto reads the blocks in place for one sequence
-    (n_slots 1) when every product has a block kernel: decode is then faster and prefill as fast
-    (docs/PERF.md). Several sequences decode together faster from float32 rows, which auto picks
-    for a small model whose float32 copy fits with room to spare. -> (mode, why, for --stats and info)."""
+    """--cpu-weights: f32 and quantized as asked. auto reads the blocks in place when every product
+    has a block kernel: one sequence and batches of up to 64 rows then decode faster than from
+    float32 rows, in a quarter of the memory (docs/PERF.md). Otherwise auto expands a small model
+    whose float32 copy fits with room to spare. -> (mode, why, for --stats and info)."""
     if requested != "auto":
         return requested, "--cpu-weights"
     products = [t for name, t in f.tensors.items() if len(t.shape) > 1 and _in_products(name, cfg)]
     in_blocks = CPU_DOT_TYPES | {GGMLQuantizationType.F32}   # F32 matrices are used in place
-    if n_slots == 1 and all(t.ggml_type in in_blocks for t in products):
-        return "quantized", "auto: one sequence, every product read in its blocks"
+    if all(t.ggml_type in in_blocks for t in products):
+        return "quantized", "auto: every product read in its blocks"
     f32 = need(f, cfg, "f32", n_ctx, type_k, type_v, n_slots)
     product_weights = sum(math.prod(t.shape) for t in products)
     if product_weights > F32_MAX_WEIGHTS:
