@@ -167,8 +167,8 @@ def test_32_concurrent_streams_equal_generate_and_seeds_ignore_batch_mates(env, 
     for i, text in enumerate(texts[:31]):
         assert text, i
     for p in prompts:
-        # the server's weights (auto: float32 rows for several sequences of a small model)
-        alone = llogos(env, "generate", "-m", "smollm2-135m", "--temp", "0", "-n", "6", "-p", p, "--cpu-weights", "f32").stdout
+        # the server's weights (auto: the blocks in place, for one sequence and for several alike)
+        alone = llogos(env, "generate", "-m", "smollm2-135m", "--temp", "0", "-n", "6", "-p", p).stdout
         assert {t for i, t in enumerate(texts[:31]) if i % 4 == prompts.index(p)} == {alone}
     again = smol.post("/v1/completions", seeded).json()["choices"][0]["text"]
     assert again == texts[31]

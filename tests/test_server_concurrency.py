@@ -37,7 +37,7 @@ def _alone(env, requests) -> dict[str, dict]:
     """What `llogos batch` answers for each request, one at a time."""
     lines = "".join(json.dumps(r) + "\n" for r in requests)
     done = llogos(env, "batch", "-m", "smollm2-135m", "-np", "1", "-c", "256", "-n", str(N_PREDICT), "--temp", "0",
-                  "--logprobs", "2", "--cpu-weights", "f32", stdin=lines)   # the servers' weights (auto, -np 8)
+                  "--logprobs", "2", "--cpu-weights", "f32", stdin=lines)   # the servers' weights (--cpu-weights f32)
     assert done.returncode == 0, done.stderr
     return {r["id"]: r for r in map(json.loads, done.stdout.splitlines())}
 

@@ -107,9 +107,8 @@ def test_batch_lines_each_with_their_own_schema_beside_plain_ones(env, smollm_pa
     for name, schema in REAL.items():
         assert out[name]["stop"] == "eos", out[name]
         valid(out[name]["text"], schema)
-    # the batch's weights (auto: float32 rows for several sequences of a small model)
-    alone = llogos(env, "generate", "-m", "smollm2-135m", "--temp", "0", "-n", "8", "-p", "The capital of France is",
-                   "--cpu-weights", "f32")
+    # the batch's weights (auto: the blocks in place, for one sequence and for several alike)
+    alone = llogos(env, "generate", "-m", "smollm2-135m", "--temp", "0", "-n", "8", "-p", "The capital of France is")
     assert out["plain"]["text"] == alone.stdout
     assert out["gbnf"]["text"] in ("yes", "no")
     assert "uniqueItems" in out["bad"]["error"]
