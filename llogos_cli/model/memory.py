@@ -51,9 +51,14 @@ def _in_products(name: str, cfg: ModelConfig) -> bool:
     return name != "token_embd.weight" or cfg.output == name
 
 
+def _products(f: GGUFFile, cfg: ModelConfig) -> list:
+    """The matrices used in products."""
+    return [t for name, t in f.tensors.items() if len(t.shape) > 1 and _in_products(name, cfg)]
+
+
 def product_types(f: GGUFFile, cfg: ModelConfig) -> set:
     """The block types of the matrices used in products: the kernels a backend's warm_up readies."""
-    return {t.ggml_type for name, t in f.tensors.items() if len(t.shape) > 1 and _in_products(name, cfg)}
+    return {t.ggml_type for t in _products(f, cfg)}
 
 
 def weight_bytes(f: GGUFFile, cfg: ModelConfig, held: str) -> int:
@@ -150,7 +155,7 @@ def choose_cpu_weights(f: GGUFFile, cfg: ModelConfig, requested: str, n_ctx: int
     whose float32 copy fits with room to spare. -> (mode, why, for --stats and info)."""
     if requested != "auto":
         return requested, "--cpu-weights"
-    products = [t for name, t in f.tensors.items() if len(t.shape) > 1 and _in_products(name, cfg)]
+    products = _products(f, cfg)
     in_blocks = CPU_DOT_TYPES | {GGMLQuantizationType.F32}   # F32 matrices are used in place
     if all(t.ggml_type in in_blocks for t in products):
         return "quantized", "auto: every product read in its blocks"
