@@ -9,6 +9,7 @@
 #   bench/gpu_session.sh STAGE...      on the GPU machine, the stages in turn:
 #       tests        tests/test_cuda_gpu.py (the SmolLM2 tests skip until its three parts are there)
 #       bench-small  the product kernels alone per weight type; smollm2-135m, llama-1b, qwen35-0.8b
+#                    (SMALL_MODELS=a,b in that order instead)
 #       bench-8b     llama-8b
 #       real         the SmolLM2 tests of tests/test_cuda_gpu.py, once its parts are assembled
 #
@@ -144,7 +145,7 @@ setup
 for stage; do
     case "$stage" in
         tests) tests tests -k "not smollm2_" ;;
-        bench-small) bench small smollm2-135m,llama-1b,qwen35-0.8b --products ;;
+        bench-small) bench small "${SMALL_MODELS:-smollm2-135m,llama-1b,qwen35-0.8b}" --products ;;
         bench-8b) bench 8b llama-8b ;;
         real) tests real -k "smollm2_" ;;
     esac
