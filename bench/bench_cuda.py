@@ -198,7 +198,7 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
                            "graph_replay_gpu": replay, "graph_wall": 1e3 / graphed, "eager_wall": 1e3 / eager},
         "decode_kernels": kernels,
         "prefill_kernels": prefill_kernels.table(prefill_ms),
-        "batched": [bench_batched(model, n) for n in batch_sizes],
+        "batched": [batched_or_error(model, n) for n in batch_sizes],
         "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
     }
 
@@ -216,6 +216,15 @@ def median_gpu_ms(run, reps: int, warmup: int = 0) -> float:
         if i >= warmup:
             times.append(cupy.cuda.get_elapsed_time(start, end))
     return float(np.median(times))
+
+
+def batched_or_error(model: Model, n: int) -> dict:
+    """bench_batched, or what stopped it: the single-sequence figures before it still count."""
+    try:
+        return bench_batched(model, n)
+    except Exception as e:  # noqa: BLE001 (any failure on the GPU is a finding to record)
+        print(f"batched decode of {n} rows: {type(e).__name__}: {e}", file=sys.stderr)
+        return {"B": n, "error": f"{type(e).__name__}: {e}"}
 
 
 def bench_batched(model: Model, n: int) -> dict:
@@ -341,6 +350,9 @@ def report(results: list[dict], products: list[dict], bandwidth: float) -> None:
         theirs = {row["B"]: row for row in (r["llama_cpp"] or {}).get("batched", [])}
         for row in r["batched"]:
             other = theirs.get(row["B"], {})
+            if "error" in row:
+                print(f"| {r['model']} | {row['B']} | {row['error']} | |")
+                continue
             print(f"| {r['model']} | {row['B']} | {row['prefill_tok_s']:.0f} ({num(other.get('prefill_tok_s'))}) "
                   f"| {row['decode_tok_s']:.0f} ({num(other.get('decode_tok_s'))}) |")
     if products:

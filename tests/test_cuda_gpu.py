@@ -47,8 +47,10 @@ def test_real_shapes_match_the_cpu_backend(backend, real_shapes, name):
     cpu, gpu = Model(f, CPU), Model(f, backend)
     ids = np.random.default_rng(5).integers(2, cpu.cfg.n_vocab, 45).astype(np.int32)
     c_ctx, g_ctx = cpu.new_context(64), gpu.new_context(64, "f32", "f32")  # f32 caches on both
-    # A long prompt (f16 GEMMs), then single tokens and a short batch (matrix-vector kernels).
-    for chunk, tolerance in ((ids[:40], 3e-3), (ids[40:41], 3e-3), (ids[41:45], 3e-3)):
+    # A long prompt (f16 GEMMs: activations and weights rounded to half precision, unit roundoff
+    # 2^-11, through every product of the layers and the output; such operands land between 1e-3
+    # and 1e-2), then single tokens and a short batch (matrix-vector kernels).
+    for chunk, tolerance in ((ids[:40], 1e-2), (ids[40:41], 3e-3), (ids[41:45], 3e-3)):
         want = cpu.forward_seq(c_ctx, chunk, all_logits=True)
         got = backend.to_host(gpu.forward_seq(g_ctx, chunk, all_logits=True))
         assert np.all(np.isfinite(got)) and relative(got, want) < tolerance, len(chunk)

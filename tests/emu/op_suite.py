@@ -466,4 +466,4 @@ def test_mask_logits_leaves_each_row_its_allowed_tokens(backend, n, words):
     got = host(backend, backend.mask_logits(backend.xp.asarray(x), bits))
     assert np.array_equal(got, want)
     assert np.array_equal(CPU.mask_logits(x, bits), want)
-    assert host(backend, backend.argmax_rows(backend.mask_logits(backend.xp.asarray(x), bits)))[2] == 5
+    assert backend.argmax_rows(backend.mask_logits(backend.xp.asarray(x), bits))[2] == 5  # on the host

@@ -7,6 +7,8 @@ the one backed by CuPy; the CPU emulator in tests/emu provides the same members 
 the launch logic runs in the tests without a GPU.
 """
 
+import ctypes
+import functools
 import hashlib
 
 import numpy as np
@@ -82,13 +84,20 @@ class CudaKernels:
         check(b, np.float16, "b")
         assert out.dtype == np.float32 and out.shape == (m, n) and out.strides[1] == 4
         handle = self.xp.cuda.device.get_cublas_handle()
-        if not self._capturing:  # on the stream of the work around it (capture() sets the capture's)
+        # CuPy's cuBLAS wrappers refuse to run while a stream captures (each sets the handle's
+        # stream first): then cuBLAS itself is called, on the stream capture() set beforehand.
+        if self._capturing:
+            gemm_ex = _cublas_gemm_ex()
+        else:
+            gemm_ex = self._cublas.gemmEx
             self._cublas.setStream(handle, self.xp.cuda.get_current_stream().ptr)
         # cuBLAS is column-major: it computes outᵀ (N, M) = b · aᵀ, reading row-major b as bᵀ.
-        self._cublas.gemmEx(handle, _CUBLAS_OP_T, _CUBLAS_OP_N, n, m, k,
-                            self._alpha.ctypes.data, b.data.ptr, _CUDA_R_16F, k, a.data.ptr, _CUDA_R_16F, k,
-                            self._beta.ctypes.data, out.data.ptr, _CUDA_R_32F, out.strides[0] // 4,
-                            _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+        status = gemm_ex(handle, _CUBLAS_OP_T, _CUBLAS_OP_N, n, m, k,
+                         self._alpha.ctypes.data, b.data.ptr, _CUDA_R_16F, k, a.data.ptr, _CUDA_R_16F, k,
+                         self._beta.ctypes.data, out.data.ptr, _CUDA_R_32F, out.strides[0] // 4,
+                         _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+        if status:  # CuPy's wrapper raises; cuBLAS itself returns a status
+            raise RuntimeError(f"cublasGemmEx failed with status {status}")
 
     def capture(self, fn):
         """Record the GPU work of fn() into a CUDA graph, executing none of it; -> (graph, fn's result).
@@ -117,6 +126,20 @@ class CudaKernels:
 
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
+
+
+@functools.cache
+def _cublas_gemm_ex():
+    """cublasGemmEx from the cuBLAS library CuPy has loaded into this process."""
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
+    library = ctypes.CDLL(paths.pop() if paths else "libcublas.so.13")
+    gemm_ex = library.cublasGemmEx
+    int_, pointer = ctypes.c_int, ctypes.c_void_p
+    gemm_ex.argtypes = [pointer, int_, int_, int_, int_, int_, pointer, pointer, int_, int_,
+                        pointer, int_, int_, pointer, pointer, int_, int_, int_, int_]
+    gemm_ex.restype = int_
+    return gemm_ex
 
 
 class _Graph:
