@@ -15,6 +15,7 @@ llama-batched-bench (on PATH) run on the same files. Prints Markdown tables for 
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -95,12 +96,18 @@ class KernelTimes:
         return rows + [("(rest of the wall time)", 0, total_ms - sum(ms.values()))]
 
 
-def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), rows: int = 14336, cols: int = 4096,
-                   reps: int = 40, backend=None) -> list[dict]:
-    """The matrix-vector kernels alone, per weight type, on Llama-3.1-8B's ffn_up shape (14336 x
-    4096): median GPU time of a launch over four copies of the matrix in turn (so that the weights
-    come from memory, not from the 50 MB L2), the weight bytes streamed per second, and that as a
-    fraction of the copy bandwidth. 1 token is decode; 4 and 8 a short batch."""
+# Llama-3.1-8B's ffn_up, attn_q/attn_output and attn_k/attn_v; Llama-3.2-1B's attn_q and attn_k.
+PRODUCT_SHAPES = ((14336, 4096), (4096, 4096), (1024, 4096), (2048, 2048), (512, 2048))
+L2_ROTATION_BYTES = 200e6  # copies of a matrix taken in turn cover this much: 4x the H100's L2
+
+
+def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), shapes=PRODUCT_SHAPES,
+                   reps: int = 40, backend=None, rotation_bytes: float = L2_ROTATION_BYTES) -> list[dict]:
+    """The matrix-vector kernels alone, per weight type and shape: median GPU time of a launch over
+    copies of the matrix in turn (so that the weights come from memory, not from the 50 MB L2), the
+    weight bytes streamed per second, and that as a fraction of the copy bandwidth. 1 token is
+    decode, timed with each number of rows a warp (1, 2, 4; the launcher's choice is
+    cuda_matmul.rows_per_warp); 4 and 8 tokens a short batch, on the first shape only."""
     import cupy
 
     from llogos_cli.backends.cuda import cuda_matmul
@@ -109,17 +116,24 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), rows: 
     b, src = backend or CudaBackend(), RandomBytes(1)
     out = []
     for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16):
-        copies = [b.matrix(random_matrix(src, qtype, rows, cols), qtype, True) for _ in range(4)]
-        for n in tokens:
-            x = cupy.asarray(src.rng.standard_normal((n, cols), np.float32))
-            y = cupy.empty((n, rows), np.float32)
-            # The first round of the four copies compiles and warms up.
-            ms = median_gpu_ms(lambda i: cuda_matmul.matvec(b.kernels, x, copies[i % 4], y), reps, warmup=4)
-            gb_s = copies[0].raw.nbytes / ms / 1e6
-            out.append({"type": qtype.name, "rows": rows, "cols": cols, "tokens": n, "us": 1e3 * ms,
-                        "GB_s": gb_s, "bandwidth_fraction": gb_s / bandwidth})
-        del copies
-        cupy.get_default_memory_pool().free_all_blocks()
+        for shape_index, (rows, cols) in enumerate(shapes):
+            first = b.matrix(random_matrix(src, qtype, rows, cols), qtype, True)
+            copies = [first] + [dataclasses.replace(first, raw=first.raw.copy())
+                                for _ in range(max(3, int(rotation_bytes / first.raw.nbytes)))]
+            variants = [(1, r) for r in (1, 2, 4)] + [(n, 1) for n in tokens if n > 1 and shape_index == 0]
+            for n, per_warp in variants:
+                x = cupy.asarray(src.rng.standard_normal((n, cols), np.float32))
+                y = cupy.empty((n, rows), np.float32)
+                # The first round of the copies compiles and warms up.
+                ms = median_gpu_ms(lambda i: cuda_matmul.matvec(b.kernels, x, copies[i % len(copies)], y,
+                                                                rows_per_warp=lambda _: per_warp),
+                                   reps, warmup=len(copies))
+                gb_s = first.raw.nbytes / ms / 1e6
+                out.append({"type": qtype.name, "rows": rows, "cols": cols, "tokens": n, "rows_per_warp": per_warp,
+                            "chosen": n > 1 or per_warp == cuda_matmul.rows_per_warp(rows),
+                            "us": 1e3 * ms, "GB_s": gb_s, "bandwidth_fraction": gb_s / bandwidth})
+            first = copies = None  # before the next shape is made
+            cupy.get_default_memory_pool().free_all_blocks()
     return out
 
 
@@ -356,15 +370,18 @@ def report(results: list[dict], products: list[dict], bandwidth: float) -> None:
             print(f"| {r['model']} | {row['B']} | {row['prefill_tok_s']:.0f} ({num(other.get('prefill_tok_s'))}) "
                   f"| {row['decode_tok_s']:.0f} ({num(other.get('decode_tok_s'))}) |")
     if products:
-        print(f"\nThe product kernels alone, {products[0]['rows']} x {products[0]['cols']} weights: us a launch, weight GB/s "
-              "(share of the copy bandwidth).\n\n| type | " + " | ".join(f"{n} token{'s' * (n > 1)}" for n in
-                                                          sorted({p['tokens'] for p in products})) + " |")
-        by_type = defaultdict(list)
+        print("\nThe product kernels alone: us a launch, weight GB/s (share of the copy bandwidth); one token "
+              "with each number of rows a warp (* the launcher's choice), then more tokens.\n")
+        def label(p):
+            return f"{p['tokens']} tokens" if p["tokens"] > 1 else f"1 token, {p['rows_per_warp']} row{'s' * (p['rows_per_warp'] > 1)} a warp"
+        columns = list(dict.fromkeys(label(p) for p in products))
+        by_shape = defaultdict(dict)
         for p in products:
-            by_type[p["type"]].append(f"{p['us']:.1f} us, {p['GB_s']:.0f} GB/s ({100 * p['bandwidth_fraction']:.0f}%)")
-        print("|---" * (1 + len(next(iter(by_type.values())))) + "|")
-        for name, cells in by_type.items():
-            print(f"| {name} | " + " | ".join(cells) + " |")
+            by_shape[(p["type"], p["rows"], p["cols"])][label(p)] = (
+                f"{p['us']:.1f} us, {p['GB_s']:.0f} GB/s ({100 * p['bandwidth_fraction']:.0f}%){'*' * (p['chosen'] and p['tokens'] == 1)}")
+        print("| type | rows x cols | " + " | ".join(columns) + " |\n" + "|---" * (2 + len(columns)) + "|")
+        for (name, rows, cols), cells in by_shape.items():
+            print(f"| {name} | {rows} x {cols} | " + " | ".join(cells.get(c, "-") for c in columns) + " |")
     print("\nTargets on an H100, against llama.cpp in the same run: decode >= 1.0x on every model and >= 75% of "
           "the bandwidth on llama-8b; prefill >= 1.0x on llama-1b and llama-8b; TTFT < 20 ms on llama-1b.")
     for r in results:

@@ -1,14 +1,49 @@
 // y (ntok, nrows) = x (ntok, ncols) · W (nrows, ncols)ᵀ with W quantized: the decode-time product.
 //
-// One warp per output row. Lanes walk the row's blocks part by part, so a warp's loads cover
-// contiguous bytes, and each decoded part is dotted with every activation row before moving on:
-// the weights, which dominate the traffic, are read once. matvec_<type> takes one token (decode);
-// matvec_batch_<type> up to MATVEC_MAX_TOKENS, at the cost of registers (~2x) and so occupancy,
-// which the one-token kernel keeps high to have enough loads in flight.
+// Lanes walk a row's blocks part by part, so a warp's loads cover contiguous bytes. One token
+// (decode): matvec_<type> gives each warp one row, matvec_rows2_<type> and matvec_rows4_<type> two
+// and four, whose lanes load a part's activations once for all of them (at 4 bits, 8 bytes of
+// activations a weight byte otherwise); fewer warps then share the matrix, which small matrices
+// cannot afford, so the launcher chooses by size. matvec_batch_<type> takes up to MATVEC_MAX_TOKENS,
+// one row per warp, and dots each decoded part with every activation row before moving on, so
+// that the weights are read once.
 #include "common.cuh"
 #include "quant_blocks.cuh"
 
 #define MATVEC_MAX_TOKENS 8
+
+template <class Q, int R>
+__device__ void matvec_rows(const u8* w, const float* x, float* y, int ncols, int nrows) {
+    const int row0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) * R;
+    if (row0 >= nrows) return;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int nblocks = ncols / Q::QK;
+    const typename Q::block* blocks[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)  // rows past the end read the last one again and store nothing
+        blocks[r] = (const typename Q::block*)w + (i64)min(row0 + r, nrows - 1) * nblocks;
+
+    float acc[R] = {};
+    for (int i = lane; i < nblocks * Q::PARTS; i += WARP_SIZE) {
+        const int ib = i / Q::PARTS, part = i % Q::PARTS;
+        float4 xv[Q::GROUPS];
+#pragma unroll
+        for (int g = 0; g < Q::GROUPS; g++) xv[g] = load_f4(x + ib * Q::QK + Q::group_start(part, g));
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v[4 * Q::GROUPS];
+            Q::decode(blocks[r] + ib, part, v);
+#pragma unroll
+            for (int g = 0; g < Q::GROUPS; g++)
+                acc[r] += v[4 * g] * xv[g].x + v[4 * g + 1] * xv[g].y + v[4 * g + 2] * xv[g].z + v[4 * g + 3] * xv[g].w;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float sum = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < nrows) y[row0 + r] = sum;
+    }
+}
 
 template <class Q, int NT>
 __device__ void matvec(const u8* w, const float* x, float* y, int ncols, int nrows, int ntok) {
@@ -45,7 +80,15 @@ __device__ void matvec(const u8* w, const float* x, float* y, int ncols, int nro
 #define MATVEC(type)                                                                                     \
     extern "C" __global__ void matvec_##type(const u8* __restrict__ w, const float* __restrict__ x,        \
                                              float* __restrict__ y, int ncols, int nrows) {               \
-        matvec<type, 1>(w, x, y, ncols, nrows, 1);                                                       \
+        matvec_rows<type, 1>(w, x, y, ncols, nrows);                                                     \
+    }                                                                                                    \
+    extern "C" __global__ void matvec_rows2_##type(const u8* __restrict__ w, const float* __restrict__ x,  \
+                                                   float* __restrict__ y, int ncols, int nrows) {         \
+        matvec_rows<type, 2>(w, x, y, ncols, nrows);                                                     \
+    }                                                                                                    \
+    extern "C" __global__ void matvec_rows4_##type(const u8* __restrict__ w, const float* __restrict__ x,  \
+                                                   float* __restrict__ y, int ncols, int nrows) {         \
+        matvec_rows<type, 4>(w, x, y, ncols, nrows);                                                     \
     }                                                                                                    \
     extern "C" __global__ void matvec_batch_##type(const u8* __restrict__ w, const float* __restrict__ x,  \
                                                    float* __restrict__ y, int ncols, int nrows, int ntok) { \

@@ -99,6 +99,24 @@ def test_matmul(backend, qtype, n_tok):
 
 
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [2, 4])
+def test_one_token_products_with_several_rows_a_warp(backend, qtype, rows):
+    """The one-token kernels that give a warp 2 or 4 rows, on 37 rows (a last warp's rows partly
+    past the end) of activations with a wide range: float32-exact as the one-row kernel is."""
+    rng = np.random.default_rng(rows)
+    cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    raw = random_weights(rng, qtype, 37, cols)
+    w = backend.matrix(raw, qtype, matmul=True)
+    x = (rng.standard_normal((1, cols)) * np.exp(rng.uniform(-3, 3, cols))).astype(np.float32)
+    y = backend.xp.full((1, 37), np.nan, np.float32)
+    cuda_matmul.matvec(backend.kernels, backend.xp.asarray(x), w, y, rows_per_warp=lambda _: rows)
+    if hasattr(backend.kernels, "launched"):  # the emulator's record of kernel names
+        assert backend.kernels.launched[-1] == f"matvec_rows{rows}_{cuda_matmul.TYPE_SUFFIX[qtype]}"
+    dense = reference(raw, qtype).astype(np.float64)
+    assert_close(host(backend, y), x @ dense.T, rtol=1e-5, scale=np.abs(x) @ np.abs(dense).T)
+
+
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
 def test_route_and_matmul_experts(backend, qtype):
     """A mixture-of-experts layer's ops: 9 tokens routed to 3 of 6 experts (ties included), through
     stacked expert matrices; the same routing, products and weighted sums as the CPU backend."""

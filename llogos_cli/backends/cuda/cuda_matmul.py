@@ -19,7 +19,10 @@ from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 8    # activation rows one matvec launch takes (MATVEC_MAX_TOKENS in matvec.cu)
-MATVEC_WARPS = 4         # output rows per matvec thread block, one per warp
+MATVEC_WARPS = 4         # warps per matvec thread block
+# A one-token product gives each warp 4 or 2 rows (matvec.cu) while that leaves this many warps to
+# share the matrix, else one row.
+MATVEC_MIN_WARPS = 2048
 # From this many tokens on, one f16 GEMM beats re-reading the quantized weights every 8 tokens.
 GEMM_MIN_TOKENS = 32
 SCRATCH_ELEMENTS = 1 << 25  # f16 dequantization buffer (64 MiB): bigger matrices go in row chunks
@@ -93,18 +96,25 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch):
     return y
 
 
-def matvec(k, x, w: QuantMatrix, y) -> None:
+def rows_per_warp(rows: int) -> int:
+    """Output rows each warp of a one-token product takes (see MATVEC_MIN_WARPS)."""
+    return next((r for r in (4, 2) if rows // r >= MATVEC_MIN_WARPS), 1)
+
+
+def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
     """y (T, out) = x (T, in) · Wᵀ for T <= MATVEC_MAX_TOKENS."""
     check(x, np.float32, "x")
     check(y, np.float32, "y")
     check(w.raw, np.uint8, "w")
     n_tok = x.shape[0]
     assert 0 < n_tok <= MATVEC_MAX_TOKENS and y.shape == (n_tok, w.rows)
-    grid, block, args = (cdiv(w.rows, MATVEC_WARPS),), (MATVEC_WARPS * 32,), (w.raw, x, y, np.int32(w.cols), np.int32(w.rows))
+    args, block = (w.raw, x, y, np.int32(w.cols), np.int32(w.rows)), (MATVEC_WARPS * 32,)
     if n_tok == 1:
-        k.function("matvec", f"matvec_{TYPE_SUFFIX[w.qtype]}")(grid, block, args)
+        rows = rows_per_warp(w.rows)
+        name = "matvec_" if rows == 1 else f"matvec_rows{rows}_"
+        k.function("matvec", name + TYPE_SUFFIX[w.qtype])((cdiv(w.rows, MATVEC_WARPS * rows),), block, args)
     else:
-        k.function("matvec", f"matvec_batch_{TYPE_SUFFIX[w.qtype]}")(grid, block, (*args, np.int32(n_tok)))
+        k.function("matvec", f"matvec_batch_{TYPE_SUFFIX[w.qtype]}")((cdiv(w.rows, MATVEC_WARPS),), block, (*args, np.int32(n_tok)))
 
 
 def dequantize(k, raw, qtype: QType, out) -> None:
