@@ -106,7 +106,7 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), shapes
     """The matrix-vector kernels alone, per weight type and shape: median GPU time of a launch over
     copies of the matrix in turn (so that the weights come from memory, not from the 50 MB L2), the
     weight bytes streamed per second, and that as a fraction of the copy bandwidth. 1 token is
-    decode, timed with each number of rows a warp (1, 2, 4; the launcher's choice is
+    decode, timed with each number of rows a warp (1, 2; the launcher's choice is
     cuda_matmul.rows_per_warp); 4 and 8 tokens a short batch, on the first shape only."""
     import cupy
 
@@ -120,7 +120,7 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), shapes
             first = b.matrix(random_matrix(src, qtype, rows, cols), qtype, True)
             copies = [first] + [dataclasses.replace(first, raw=first.raw.copy())
                                 for _ in range(max(3, int(rotation_bytes / first.raw.nbytes)))]
-            variants = [(1, r) for r in (1, 2, 4)] + [(n, 1) for n in tokens if n > 1 and shape_index == 0]
+            variants = [(1, r) for r in (1, 2)] + [(n, 1) for n in tokens if n > 1 and shape_index == 0]
             for n, per_warp in variants:
                 x = cupy.asarray(src.rng.standard_normal((n, cols), np.float32))
                 y = cupy.empty((n, rows), np.float32)
@@ -130,7 +130,7 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), shapes
                                    reps, warmup=len(copies))
                 gb_s = first.raw.nbytes / ms / 1e6
                 out.append({"type": qtype.name, "rows": rows, "cols": cols, "tokens": n, "rows_per_warp": per_warp,
-                            "chosen": n > 1 or per_warp == cuda_matmul.rows_per_warp(rows),
+                            "chosen": n > 1 or per_warp == cuda_matmul.rows_per_warp(first),
                             "us": 1e3 * ms, "GB_s": gb_s, "bandwidth_fraction": gb_s / bandwidth})
             first = copies = None  # before the next shape is made
             cupy.get_default_memory_pool().free_all_blocks()

@@ -1,12 +1,11 @@
 // y (ntok, nrows) = x (ntok, ncols) · W (nrows, ncols)ᵀ with W quantized: the decode-time product.
 //
 // Lanes walk a row's blocks part by part, so a warp's loads cover contiguous bytes. One token
-// (decode): matvec_<type> gives each warp one row, matvec_rows2_<type> and matvec_rows4_<type> two
-// and four, whose lanes load a part's activations once for all of them (at 4 bits, 8 bytes of
-// activations a weight byte otherwise); fewer warps then share the matrix, which small matrices
-// cannot afford, so the launcher chooses by size. matvec_batch_<type> takes up to MATVEC_MAX_TOKENS,
-// one row per warp, and dots each decoded part with every activation row before moving on, so
-// that the weights are read once.
+// (decode): matvec_<type> gives each warp one row, matvec_rows2_<type> two, whose lanes load a
+// part's activations once for both (at 4 bits, 8 bytes of activations a weight byte otherwise),
+// at the cost of registers and so of warps in flight; the launcher chooses by type and size.
+// matvec_batch_<type> takes up to MATVEC_MAX_TOKENS, one row per warp, and dots each decoded part
+// with every activation row before moving on, so that the weights are read once.
 #include "common.cuh"
 #include "quant_blocks.cuh"
 
@@ -85,10 +84,6 @@ __device__ void matvec(const u8* w, const float* x, float* y, int ncols, int nro
     extern "C" __global__ void matvec_rows2_##type(const u8* __restrict__ w, const float* __restrict__ x,  \
                                                    float* __restrict__ y, int ncols, int nrows) {         \
         matvec_rows<type, 2>(w, x, y, ncols, nrows);                                                     \
-    }                                                                                                    \
-    extern "C" __global__ void matvec_rows4_##type(const u8* __restrict__ w, const float* __restrict__ x,  \
-                                                   float* __restrict__ y, int ncols, int nrows) {         \
-        matvec_rows<type, 4>(w, x, y, ncols, nrows);                                                     \
     }                                                                                                    \
     extern "C" __global__ void matvec_batch_##type(const u8* __restrict__ w, const float* __restrict__ x,  \
                                                    float* __restrict__ y, int ncols, int nrows, int ntok) { \

@@ -96,6 +96,16 @@ def test_long_prompts_take_the_gemm_paths(backend):
     assert not {"dequantize_q8_0", "softmax_lengths_f32"} & set(backend.kernels.launched)
 
 
+@pytest.mark.parametrize("qtype, rows, kernel", [(QType.Q4_K, 4096, "matvec_rows2_q4_K"), (QType.Q8_0, 4096, "matvec_rows2_q8_0"),
+                                                 (QType.Q4_K, 1024, "matvec_q4_K"), (QType.Q6_K, 4096, "matvec_q6_K")])
+def test_one_token_products_take_two_rows_a_warp_where_that_measured_faster(backend, qtype, rows, kernel):
+    cols = 256
+    w = backend.matrix(random_weights(np.random.default_rng(rows), qtype, rows, cols), qtype, matmul=True)
+    backend.kernels.launched.clear()
+    backend.matmul(backend.xp.asarray(np.ones((1, cols), np.float32)), w)
+    assert backend.kernels.launched == [kernel]
+
+
 def test_decode_rows_take_one_launch_per_op(backend):
     """However many rows a decode step holds, and whichever slots: one attention launch per attention
     layer and one launch of each recurrent op per Gated DeltaNet layer, which a graph can replay."""

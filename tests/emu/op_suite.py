@@ -99,10 +99,10 @@ def test_matmul(backend, qtype, n_tok):
 
 
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [2, 4])
-def test_one_token_products_with_several_rows_a_warp(backend, qtype, rows):
-    """The one-token kernels that give a warp 2 or 4 rows, on 37 rows (a last warp's rows partly
-    past the end) of activations with a wide range: float32-exact as the one-row kernel is."""
+def test_one_token_products_with_two_rows_a_warp(backend, qtype):
+    """The one-token kernels that give a warp 2 rows, on 37 rows (the last warp's second row past
+    the end) of activations with a wide range: float32-exact as the one-row kernel is."""
+    rows = 2
     rng = np.random.default_rng(rows)
     cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
     raw = random_weights(rng, qtype, 37, cols)

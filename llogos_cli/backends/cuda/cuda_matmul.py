@@ -20,9 +20,10 @@ from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 8    # activation rows one matvec launch takes (MATVEC_MAX_TOKENS in matvec.cu)
 MATVEC_WARPS = 4         # warps per matvec thread block
-# A one-token product gives each warp 4 or 2 rows (matvec.cu) while that leaves this many warps to
-# share the matrix, else one row.
-MATVEC_MIN_WARPS = 2048
+# One-token products of these types give each warp two rows (matvec.cu) on matrices of this many
+# rows or more: their activation loads, not their weights', bound them (PERF.md, CUDA on an H100).
+MATVEC_ROWS2_TYPES = frozenset({QType.Q4_K, QType.Q8_0})
+MATVEC_ROWS2_MIN = 4096
 # From this many tokens on, one f16 GEMM beats re-reading the quantized weights every 8 tokens.
 GEMM_MIN_TOKENS = 32
 SCRATCH_ELEMENTS = 1 << 25  # f16 dequantization buffer (64 MiB): bigger matrices go in row chunks
@@ -96,9 +97,9 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch):
     return y
 
 
-def rows_per_warp(rows: int) -> int:
-    """Output rows each warp of a one-token product takes (see MATVEC_MIN_WARPS)."""
-    return next((r for r in (4, 2) if rows // r >= MATVEC_MIN_WARPS), 1)
+def rows_per_warp(w: QuantMatrix) -> int:
+    """Output rows each warp of a one-token product with w takes (see MATVEC_ROWS2_TYPES)."""
+    return 2 if w.qtype in MATVEC_ROWS2_TYPES and w.rows >= MATVEC_ROWS2_MIN else 1
 
 
 def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
@@ -110,7 +111,7 @@ def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
     assert 0 < n_tok <= MATVEC_MAX_TOKENS and y.shape == (n_tok, w.rows)
     args, block = (w.raw, x, y, np.int32(w.cols), np.int32(w.rows)), (MATVEC_WARPS * 32,)
     if n_tok == 1:
-        rows = rows_per_warp(w.rows)
+        rows = rows_per_warp(w)
         name = "matvec_" if rows == 1 else f"matvec_rows{rows}_"
         k.function("matvec", name + TYPE_SUFFIX[w.qtype])((cdiv(w.rows, MATVEC_WARPS * rows),), block, args)
     else:
