@@ -184,12 +184,12 @@ class ModelConfig:
         n_head_kv, no_kv = _kv_heads(f, arch, n_head, n_layer)
         recurrent = [False] * n_layer
         ssm, conv_kernel = None, 0
-        if arch == "lfm2":
+        if fam.recurrent == "shortconv":
             recurrent, conv_kernel = no_kv, count("shortconv.l_cache", least=2)
         elif any(no_kv):
             raise LlogosError(f"{f.path}: metadata {arch}.attention.head_count_kv gives layer {no_kv.index(True)} "
                               "no KV heads")
-        if arch == "qwen35":
+        if fam.recurrent == "deltanet":
             recurrent = flags("attention.recurrent_layers") or [
                 (il + 1) % count("full_attention_interval") != 0 for il in range(n_layer)]
             n_k_heads, n_v_heads = count("ssm.group_count"), count("ssm.time_step_rank")

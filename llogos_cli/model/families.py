@@ -32,6 +32,10 @@ class Family:
     swiglu_alpha: float = 1.0
     expert_norm: bool = True         # the chosen experts' probabilities scaled to sum to 1
     shared_expert: bool = False      # beside the routed experts, one every token takes (ffn_*_shexp)
+    # Recurrent layers in place of attention in some: "shortconv" (LFM2: where the file gives a
+    # layer no KV heads) or "deltanet" (Qwen3.5's Gated DeltaNet: the file's recurrent_layers, else
+    # all but every full_attention_interval-th); "": attention everywhere.
+    recurrent: str = ""
 
 
 FAMILIES = {
@@ -40,15 +44,15 @@ FAMILIES = {
                      swa_rope_base=10000.0, wide_query_layers=62),
     "qwen2": Family(rope_neox=True),
     "qwen3": Family(rope_neox=True, qk_norm="head"),
-    "qwen35": Family(rope_neox=True, qk_norm="head", attn_gate=True, ffn_norm="post_attention_norm"),
+    "qwen35": Family(rope_neox=True, qk_norm="head", attn_gate=True, ffn_norm="post_attention_norm",
+                     recurrent="deltanet"),
     "gemma2": Family(rope_neox=True, gelu_ffn=True, post_norms=True, embed_scaled=True, swa_period=2,
                      swa_rope_scaled=True, wide_query_layers=46, attn_softcap=50.0, final_softcap=30.0),
     "phi3": Family(rope_neox=True),           # llama.cpp leaves Phi-3's sliding window off, as here
     "granite": Family(),                      # its multipliers are in the file (embedding_scale, residual_scale, ...)
     "olmo2": Family(rope_neox=True, pre_norms=False, post_norms=True, qk_norm="all", swa_period=4),
     "smollm3": Family(no_rope_period=4),
-    # Short-convolution layers where the file gives a layer no KV heads (ModelConfig.conv_kernel).
-    "lfm2": Family(rope_neox=True, qk_norm="head", output_norm="token_embd_norm.weight"),
+    "lfm2": Family(rope_neox=True, qk_norm="head", output_norm="token_embd_norm.weight", recurrent="shortconv"),
     # Routed experts where the file has an expert count (ModelConfig.n_expert).
     "qwen3moe": Family(rope_neox=True, qk_norm="head"),
     # Its shared expert's output is gated by a sigmoid of ffn_gate_inp_shexp.
