@@ -359,11 +359,11 @@ def test_sigterm_during_a_stream_exits_0(env, tmp_path):
 def test_health_is_503_while_loading():
     from fastapi.testclient import TestClient
 
-    from llogos_cli.server.app import Hub, create_app
+    from llogos_cli.server.app import ServerState, create_app
     from llogos_cli.server.metrics import Metrics
 
-    hub = Hub("m", None, Metrics(1), start=lambda loop: None, stop=lambda: None)
-    with TestClient(create_app(hub)) as client:
+    shared = ServerState("m", None, Metrics(1), start=lambda loop: None, stop=lambda: None)
+    with TestClient(create_app(shared)) as client:
         r = client.get("/health")
         assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
         r = client.post("/v1/completions", content=json.dumps({"prompt": "hi"}))

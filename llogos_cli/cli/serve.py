@@ -60,7 +60,7 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 def serve(**o):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
-        from llogos_cli.server.app import Hub, Service, create_app
+        from llogos_cli.server.app import LoadedModel, ServerState, create_app
         from llogos_cli.server.engine_thread import EngineThread
         from llogos_cli.server.metrics import Metrics
         from llogos_cli.server.prepare import RequestDefaults
@@ -96,23 +96,23 @@ def serve(**o):
             failure.append(e)
             app.state.server.should_exit = True
             return
-        thread = EngineThread(engine, loop, o["parallel"], o["queue_size"], hub.metrics)
+        thread = EngineThread(engine, loop, o["parallel"], o["queue_size"], shared.metrics)
         thread.start()
-        hub.service = Service(thread, tok, chat, RequestDefaults(params, o["n_predict"]), n_ctx)
+        shared.loaded = LoadedModel(thread, tok, chat, RequestDefaults(params, o["n_predict"]), n_ctx)
         slots = f"{o['parallel']} slot{'s' if o['parallel'] > 1 else ''}"
         err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.backend.name}, {slots} of {n_ctx} tokens)",
                   markup=False, highlight=False, soft_wrap=True)
 
     def close():
-        if hub.service is not None:
-            hub.service.engine.close()
+        if shared.loaded is not None:
+            shared.loaded.engine.close()
 
     def stop():
-        if hub.service is not None:
-            hub.service.engine.stop(timeout=GRACE_S)
+        if shared.loaded is not None:
+            shared.loaded.engine.stop(timeout=GRACE_S)
 
-    hub = Hub(model_id, o["api_key"], Metrics(o["parallel"]), start, stop)
-    app = create_app(hub)
+    shared = ServerState(model_id, o["api_key"], Metrics(o["parallel"]), start, stop)
+    app = create_app(shared)
     run(app, sock, GRACE_S, close)
     if failure:
         raise failure[0]

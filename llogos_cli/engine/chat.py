@@ -25,11 +25,11 @@ class Reply:
     def summary(self) -> str:
         t = self.timings
         return (f"prompt {self.prompt_tokens} tokens, {t.prompt_n} prefilled in {t.prompt_ms:.0f} ms"
-                f"{_rate(t.prompt_n, t.prompt_ms)} | reply {t.predicted_n} tokens in {t.predicted_ms:.0f} ms"
-                f"{_rate(t.eval_runs, t.predicted_ms)}")
+                f"{_rate_note(t.prompt_n, t.prompt_ms)} | reply {t.predicted_n} tokens in {t.predicted_ms:.0f} ms"
+                f"{_rate_note(t.eval_runs, t.predicted_ms)}")
 
 
-def _rate(n: int, ms: float) -> str:
+def _rate_note(n: int, ms: float) -> str:
     return f" ({n / ms * 1e3:.1f} tokens/s)" if n and ms > 0 else ""
 
 

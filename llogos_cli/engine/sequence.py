@@ -32,12 +32,12 @@ class Timings:
 
     def as_dict(self) -> dict:
         return {"prompt_n": self.prompt_n, "prompt_ms": round(self.prompt_ms, 3),
-                "prompt_per_second": _rate(self.prompt_n, self.prompt_ms),
+                "prompt_per_second": _per_second(self.prompt_n, self.prompt_ms),
                 "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
-                "predicted_per_second": _rate(self.predicted_n, self.predicted_ms)}
+                "predicted_per_second": _per_second(self.predicted_n, self.predicted_ms)}
 
 
-def _rate(n: int, ms: float) -> float:
+def _per_second(n: int, ms: float) -> float:
     return round(n / ms * 1000.0, 3) if ms > 0 else 0.0
 
 

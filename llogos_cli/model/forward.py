@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from llogos_cli.backends.backend import Backend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import GGUFFile
@@ -25,7 +26,7 @@ GATE_UP = ("ffn_gate", "ffn_up")
 
 
 class Model:
-    def __init__(self, f: GGUFFile, backend):
+    def __init__(self, f: GGUFFile, backend: Backend):
         self.cfg = ModelConfig.from_gguf(f)
         self.backend = backend
         for name, info in f.tensors.items():

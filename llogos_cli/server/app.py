@@ -43,7 +43,7 @@ RETRY_AFTER_S = 1   # what a client told the queue is full should wait before tr
 
 
 @dataclass(frozen=True, slots=True)
-class Service:
+class LoadedModel:
     """The loaded model, ready to take requests."""
     engine: EngineThread
     tokenizer: object
@@ -52,41 +52,41 @@ class Service:
     n_ctx: int
 
 
-class Hub:
-    """What the routes share: the service once the model has loaded (None until then), the metrics,
+class ServerState:
+    """What the routes share: the loaded model once it has loaded (None until then), the metrics,
     and the start and stop of the work behind them, run by the app's lifespan."""
 
     def __init__(self, model_id: str, api_key: str | None, metrics: Metrics,
                  start: Callable[[asyncio.AbstractEventLoop], None], stop: Callable[[], None]):
         self.model_id, self.api_key, self.metrics = model_id, api_key, metrics
         self.start, self.stop = start, stop
-        self.service: Service | None = None
+        self.loaded: LoadedModel | None = None
         self.created = int(time.time())
 
-    def ready(self) -> Service:
-        if self.service is None:
+    def ready(self) -> LoadedModel:
+        if self.loaded is None:
             raise ApiError(503, "Loading model", code="model_loading")
-        return self.service
+        return self.loaded
 
 
-def create_app(hub: Hub, max_body: int = MAX_BODY) -> FastAPI:
+def create_app(shared: ServerState, max_body: int = MAX_BODY) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
-        hub.start(asyncio.get_running_loop())
+        shared.start(asyncio.get_running_loop())
         yield
-        hub.stop()
+        shared.stop()
 
     app = FastAPI(title="llogos", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_body)
     app.add_middleware(RequestLog)   # outermost: it also sees what BodyLimit refuses
 
     def authorized(authorization: str | None = Header(None)) -> None:
-        check_key(hub.api_key, authorization)
+        check_key(shared.api_key, authorization)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
         if request.url.path.startswith("/v1/") and e.status != 401:
-            hub.metrics.request("rejected")
+            shared.metrics.request("rejected")
         return e.response()
 
     @app.exception_handler(HTTPException)
@@ -95,48 +95,48 @@ def create_app(hub: Hub, max_body: int = MAX_BODY) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        if hub.service is None:
+        if shared.loaded is None:
             return ApiError(503, "Loading model", code="model_loading").response()
         return {"status": "ok"}
 
     @app.get("/metrics", dependencies=[Depends(authorized)], response_class=PlainTextResponse)
     async def metrics():
-        return PlainTextResponse(hub.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(shared.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models() -> s.ModelList:
-        return s.ModelList(data=[s.ModelCard(id=hub.model_id, created=hub.created)])
+        return s.ModelList(data=[s.ModelCard(id=shared.model_id, created=shared.created)])
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request):
         body = _parse(s.ChatCompletionRequest, await request.body())
-        service = hub.ready()
-        prepared = await run_in_threadpool(prepare_chat, body, service.tokenizer, service.chat, service.defaults,
-                                           service.n_ctx)
-        return await _answer(hub, service, prepared, body, ChatRenderer, request)
+        loaded = shared.ready()
+        prepared = await run_in_threadpool(prepare_chat, body, loaded.tokenizer, loaded.chat, loaded.defaults,
+                                           loaded.n_ctx)
+        return await _answer(shared, loaded, prepared, body, ChatRenderer, request)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request):
         body = _parse(s.CompletionRequest, await request.body())
-        service = hub.ready()
-        prepared = await run_in_threadpool(prepare_completion, body, service.tokenizer, service.defaults,
-                                           service.n_ctx)
-        return await _answer(hub, service, prepared, body, CompletionRenderer, request)
+        loaded = shared.ready()
+        prepared = await run_in_threadpool(prepare_completion, body, loaded.tokenizer, loaded.defaults,
+                                           loaded.n_ctx)
+        return await _answer(shared, loaded, prepared, body, CompletionRenderer, request)
 
     return app
 
 
-async def _answer(hub: Hub, service: Service, prepared: Prepared, body, renderer_class, request: Request):
+async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, body, renderer_class, request: Request):
     requests = prepared.requests
-    if len(requests) > service.engine.capacity:
+    if len(requests) > loaded.engine.capacity:
         raise ApiError(400, f"n {len(requests)} is more choices than this server has slots and queue places "
-                       f"({service.engine.capacity})", param="n")
+                       f"({loaded.engine.capacity})", param="n")
     try:
-        events = service.engine.submit(requests)
+        events = loaded.engine.submit(requests)
     except Busy:
         raise ApiError(503, "the server is busy: every slot is taken and the queue is full", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    envelope = Envelope(prepared.id, hub.model_id, service.tokenizer, prepared.n_top, body.include_usage,
+    envelope = Envelope(prepared.id, shared.model_id, loaded.tokenizer, prepared.n_top, body.include_usage,
                         prepared.tools, prepared.parallel_tool_calls)
     ids = [r.id for r in requests]
     choices = Choices(renderer_class, envelope, ids, len(requests[0].prompt))
@@ -144,18 +144,18 @@ async def _answer(hub: Hub, service: Service, prepared: Prepared, body, renderer
     if isinstance(accepted, LlogosError):
         raise _failure(accepted) if isinstance(accepted, ShuttingDown) else ApiError(400, str(accepted))
     if accepted is not GONE and body.stream:   # from here the stream owns the request
-        return StreamingResponse(_stream(hub, service, ids, events, choices), media_type="text/event-stream",
+        return StreamingResponse(_stream(shared, loaded, ids, events, choices), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     failed = GONE if accepted is GONE else await _until_disconnect(_results(events, choices), request)
     if failed is GONE:
         for rid in ids:
-            service.engine.cancel(rid)
-        hub.metrics.request("cancelled")
+            loaded.engine.cancel(rid)
+        shared.metrics.request("cancelled")
         return Response(status_code=499)   # nginx's "client closed request": nobody reads it
     if failed is not None:
-        hub.metrics.request("failed")
+        shared.metrics.request("failed")
         return _failure(failed).response()
-    hub.metrics.request("ok")
+    shared.metrics.request("ok")
     return JSONResponse(choices.body().model_dump(mode="json"))
 
 
@@ -191,7 +191,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _stream(hub: Hub, service: Service, ids: list, events: asyncio.Queue, choices: Choices):
+async def _stream(shared: ServerState, loaded: LoadedModel, ids: list, events: asyncio.Queue, choices: Choices):
     """The events of one response's requests as SSE. Starlette cancels this generator when the client
     disconnects; the finally then frees every choice's slot before the engine's next step."""
     done = False
@@ -202,7 +202,7 @@ async def _stream(hub: Hub, service: Service, ids: list, events: asyncio.Queue, 
             item = await events.get()
             if isinstance(item, LlogosError):
                 done = True
-                hub.metrics.request("failed")
+                shared.metrics.request("failed")
                 yield sse(_failure(item).body())
                 return
             if item.token is not None and (chunk := choices.token(item.id, item.token)) is not None:
@@ -213,13 +213,13 @@ async def _stream(hub: Hub, service: Service, ids: list, events: asyncio.Queue, 
                 if choices.done:
                     done = True
                     yield DONE
-                    hub.metrics.request("ok")
+                    shared.metrics.request("ok")
                     return
     finally:
         if not done:
             for rid in ids:
-                service.engine.cancel(rid)
-            hub.metrics.request("cancelled")
+                loaded.engine.cancel(rid)
+            shared.metrics.request("cancelled")
 
 
 def _failure(e: LlogosError) -> ApiError:
