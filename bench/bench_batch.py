@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from llogos_cli.engine.decode_graph import decode_step
-from llogos_cli.model.forward import Batch
+from llogos_cli.model.batch import Batch
 from llogos_cli.model.loader import load
 from llogos_cli.model.registry import resolve_model
 

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llogos_cli.engine.decode_graph import decode_step  # noqa: E402
 from llogos_cli.gguf.file import GGUFFile  # noqa: E402
-from llogos_cli.model.forward import Batch, Model  # noqa: E402
+from llogos_cli.model.batch import Batch  # noqa: E402
+from llogos_cli.model.forward import Model  # noqa: E402
 
 PROMPT_TOKENS = 512
 DECODE_TOKENS = 128

@@ -19,7 +19,7 @@ import numpy as np
 from llogos_cli.engine.decode_graph import decode_step
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.model import memory
-from llogos_cli.model.forward import Batch
+from llogos_cli.model.batch import Batch
 from llogos_cli.model.loader import load
 
 MiB = 1 << 20

@@ -12,7 +12,8 @@ import pytest
 from llogos_cli.backends import cuda_available
 from llogos_cli.engine.decode_graph import GraphDecoder
 from llogos_cli.gguf.file import GGUFFile
-from llogos_cli.model.forward import Batch, Model
+from llogos_cli.model.batch import Batch
+from llogos_cli.model.forward import Model
 from tests.conftest import FIXTURES, REFERENCE, assert_teacher_forced, need
 from tests.conftest import reference as reference_outputs  # op_suite has a reference() of its own
 from tests.emu.model_suite import *  # noqa: F401,F403 (the shared whole-model tests)

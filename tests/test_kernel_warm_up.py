@@ -11,7 +11,7 @@ import pytest
 
 from llogos_cli.backends.cpu import (cpu_attention, cpu_glu, cpu_norm, cpu_quant_dequant, cpu_quant_dot,
                                     cpu_quant_int8, cpu_rope, cpu_rows)
-from llogos_cli.model.forward import Batch
+from llogos_cli.model.batch import Batch
 from llogos_cli.model.loader import load
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
 

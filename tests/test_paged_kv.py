@@ -12,7 +12,8 @@ from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model import memory
-from llogos_cli.model.forward import Batch, Model
+from llogos_cli.model.batch import Batch
+from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
 from tests.conftest import FIXTURES, need, relative_error
 from tests.test_batch import FAMILIES, greedy_alone, load

@@ -15,7 +15,8 @@ import numpy as np
 from llogos_cli.engine.decode_graph import decode_step
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.engine.scheduler import Work
-from llogos_cli.model.forward import Batch, Model
+from llogos_cli.model.batch import Batch
+from llogos_cli.model.forward import Model
 
 
 class ModelRunner:

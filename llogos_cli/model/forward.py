@@ -3,9 +3,7 @@
 Family differences are flags in ModelConfig; tensors are looked up by their GGUF names.
 """
 
-import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -15,8 +13,10 @@ from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model import deltanet, shortconv
-from llogos_cli.model.yarn import yarn_rotation
+from llogos_cli.model.batch import Batch
+from llogos_cli.model.cache import Cache, Context
 from llogos_cli.model.config import ModelConfig
+from llogos_cli.model.yarn import yarn_rotation
 
 
 # Projections that share their input: multiplied together (matmuls), and joined at load where the
@@ -69,7 +69,7 @@ class Model:
         return grouped + [(name,) for name in f.tensors if name not in in_groups]
 
     def new_cache(self, n_slots: int, n_ctx: int, type_k: str | None = None, type_v: str | None = None,
-                  n_blocks: int = 0, block_size: int = 0) -> "Cache":
+                  n_blocks: int = 0, block_size: int = 0) -> Cache:
         """KV cache and recurrent state for n_slots sequences of up to n_ctx tokens each, plus one
         scratch slot (pad_slot) that padding rows of a fixed-size decode step may write to. The
         cache types default to the backend's (f32 on CPU, f16 on GPU). With n_blocks (the batch
@@ -90,12 +90,12 @@ class Model:
         state = [self._recurrent.new_state(self.backend, c, n) if c.recurrent[il] else None for il in range(c.n_layer)]
         return Cache(n_slots, n_ctx, kv, state, tables)
 
-    def new_context(self, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> "Context":
+    def new_context(self, n_ctx: int, type_k: str | None = None, type_v: str | None = None) -> Context:
         """One sequence: slot 0 of a cache of its own."""
         return Context(self.new_cache(1, n_ctx, type_k, type_v))
 
     # ------------------------------------------------------------------ forward
-    def forward(self, cache: "Cache", batch: "Batch"):
+    def forward(self, cache: Cache, batch: Batch):
         """Run a batch of tokens, each at its own (slot, position) of the cache; return the logits of
         the tokens batch.logits lists (the LM head is the costly part), (len(batch.logits), n_vocab)."""
         c, b, w = self.cfg, self.backend, self.w
@@ -132,12 +132,12 @@ class Model:
             h = b.scale(h, c.residual_scale)
         return b.add(x, h)
 
-    def forward_rows(self, cache: "Cache", tokens, slots, pos):
+    def forward_rows(self, cache: Cache, tokens, slots, pos):
         """Decode rows, one token each (the engine's decode step): -> logits (R, n_vocab)."""
         return self.forward(cache, Batch(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                          np.asarray(pos, np.int32), np.arange(len(tokens))))
 
-    def forward_seq(self, ctx: "Context", tokens: np.ndarray, all_logits: bool = False, logits_from: int = 0):
+    def forward_seq(self, ctx: Context, tokens: np.ndarray, all_logits: bool = False, logits_from: int = 0):
         """One sequence: run `tokens` at positions ctx.n_past...; return logits for the last token,
         or with all_logits for every token from index logits_from on."""
         T = len(tokens)
@@ -241,84 +241,3 @@ class Model:
         ys = self.backend.matmuls(x, [self.w[name + ".weight"] for name in names])
         biases = [self.w.get(name + ".bias") for name in names]
         return [y if bias is None else self.backend.add(y, bias) for y, bias in zip(ys, biases)]
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """Tokens of one or more sequences for one forward pass, as llama.cpp's llama_batch: token t
-    goes to cache slot slots[t] at position pos[t]. A slot's tokens are one contiguous run with
-    consecutive positions. `logits` lists the tokens whose logits are wanted."""
-    tokens: np.ndarray   # (T,) int32
-    slots: np.ndarray    # (T,) int32
-    pos: np.ndarray      # (T,) int32
-    logits: np.ndarray   # (T',) increasing indices into tokens
-
-    @staticmethod
-    def run(tokens, slot: int, pos0: int, logits) -> "Batch":
-        """A run of tokens of one slot from position pos0."""
-        T = len(tokens)
-        return Batch(np.asarray(tokens, np.int32), np.full(T, slot, np.int32),
-                     np.arange(pos0, pos0 + T, dtype=np.int32), np.asarray(logits, np.intp))
-
-    @staticmethod
-    def join(batches: list["Batch"]) -> "Batch":
-        offsets = np.cumsum([0] + [len(b.tokens) for b in batches[:-1]])
-        return Batch(*(np.concatenate([getattr(b, f) for b in batches]) for f in ("tokens", "slots", "pos")),
-                     np.concatenate([b.logits + o for b, o in zip(batches, offsets)]).astype(np.intp))
-
-
-@dataclass(slots=True)
-class Cache:
-    """The KV cache of attention layers and the recurrent state of the rest, one region per slot
-    (the first axis of every array); slot n_slots is the scratch pad_slot. A paged cache's KV is a
-    pool of blocks instead, block_tables[slot] listing the blocks that hold the slot's positions
-    in order (its first entries only: as many as the slot's sequence has reached)."""
-    n_slots: int
-    n_ctx: int
-    kv: list
-    state: list
-    block_tables: object = None   # paged: backend int32 (n_slots + 1, ceil(n_ctx / block size))
-
-    @property
-    def pad_slot(self) -> int:
-        return self.n_slots
-
-    def reset(self, slot: int) -> None:
-        """Start a new sequence in slot: its recurrent state back to zeros (KV entries past a
-        sequence's length are never read, so they need no clearing)."""
-        for s in self.state:
-            if s is not None:
-                for f in dataclasses.fields(s):
-                    getattr(s, f.name)[slot] = 0
-
-    def copy_block(self, dst: int, src: int, n: int) -> None:
-        """Paged: copy the attention layers' KV of block src's first n positions into block dst, in
-        place (a captured CUDA graph keeps reading these arrays). Every backend lays a paged
-        layer's KV out as (block, head, position, ...)."""
-        for kv in self.kv:
-            if kv is not None:
-                kv.k[dst, :, :n] = kv.k[src, :, :n]
-                kv.v[dst, :, :n] = kv.v[src, :, :n]
-
-    def snapshot(self, slot: int) -> list:
-        """A copy of slot's recurrent state (its size does not grow with the context)."""
-        return [None if s is None else [getattr(s, f.name)[slot].copy() for f in dataclasses.fields(s)]
-                for s in self.state]
-
-    def restore(self, slot: int, snap: list) -> None:
-        """Copy a snapshot back into the arrays in place, which a captured CUDA graph keeps reading."""
-        for current, saved in zip(self.state, snap):
-            if current is not None:
-                for f, arr in zip(dataclasses.fields(current), saved):
-                    getattr(current, f.name)[slot] = arr
-
-
-@dataclass(slots=True)
-class Context:
-    """One sequence in slot 0 of its own cache, with the number of positions it holds."""
-    cache: Cache
-    n_past: int = 0
-
-    @property
-    def n_ctx(self) -> int:
-        return self.cache.n_ctx

@@ -13,7 +13,8 @@ from llogos_cli.engine.decode_graph import GraphDecoder
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
-from llogos_cli.model.forward import Batch, Model
+from llogos_cli.model.batch import Batch
+from llogos_cli.model.forward import Model
 from tests.conftest import FIXTURES, need
 
 MODELS = ["tiny-llama-f32", "tiny-llama-q8_0", "tiny-qwen2-q8_0", "tiny-qwen3-f32", "tiny-gemma3-q8_0",
