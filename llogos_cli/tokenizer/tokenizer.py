@@ -58,20 +58,21 @@ _ALWAYS_SHOWN = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
 class Tokenizer:
-    """A GGUF vocabulary: "gpt2" (byte-level BPE) or "llama" (SentencePiece)."""
+    """A GGUF vocabulary: "gpt2" (byte-level BPE), "llama" (SentencePiece) or "gemma4" (BPE over
+    characters, spaces written as ▁ as SentencePiece writes them)."""
 
     def __init__(self, meta: dict, header_sha256: str):
         model = meta.get(_META + "model")
-        if model not in ("gpt2", "llama"):
+        if model not in vocab.MODELS:
             raise LlogosError(f"unsupported tokenizer {model!r} ({_META}model); llogos reads "
-                              "'gpt2' (byte-level BPE) and 'llama' (SentencePiece) vocabularies")
+                              "'gpt2' (byte-level BPE), 'llama' (SentencePiece) and 'gemma4' vocabularies")
         tokens = meta.get(_META + "tokens")
         if not tokens:
             raise LlogosError(f"the GGUF has no vocabulary ({_META}tokens)")
         if "" in tokens:  # llama.cpp names empty tokens so that they stay distinct
             tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self._meta, self._sha = meta, header_sha256
-        self._spm = model == "llama"
+        self._spm = model in vocab.SPM_TEXT   # spaces written as ▁, <0xXX> byte tokens
         self._tokens = tokens
         self._ids = {text: i for i, text in enumerate(tokens)}
         if len(self._ids) != len(tokens):
@@ -83,9 +84,10 @@ class Tokenizer:
         self.n_vocab = len(tokens)
 
         pre = None if self._spm else vocab.pre_tokenizer(meta)  # fails early if unknown
-        self.add_bos = bool(meta.get(_META + "add_bos_token", self._spm or pre.add_bos))
-        self.add_space_prefix = self._spm and bool(meta.get(_META + "add_space_prefix", True))
-        default_bos, default_eos = (1, 2) if self._spm else (11, 11)
+        # llama.cpp adds BOS for Gemma 4 whatever its GGUF says.
+        self.add_bos = model == "gemma4" or bool(meta.get(_META + "add_bos_token", self._spm or pre.add_bos))
+        self.add_space_prefix = model == "llama" and bool(meta.get(_META + "add_space_prefix", True))
+        default_bos, default_eos = {"llama": (1, 2), "gpt2": (11, 11)}.get(model, (None, None))
         no_bos = meta.get(_META + "pre") in ("glm4", "chatglm-bpe")
         self.bos_id = self._role_id("bos", None if no_bos else default_bos)
         self.eos_id = self._role_id("eos", default_eos)

@@ -1,6 +1,6 @@
 """Plain text (no special tokens) to token ids with a `tokenizers` BPE, as llama.cpp does it.
 
-llama.cpp has two algorithms for the vocabularies llogos reads:
+llama.cpp has three algorithms for the vocabularies llogos reads:
 - "gpt2": byte-level BPE. The text is cut by a list of regexes applied in turn (each splits the
   pieces the previous one left, keeping matches and the text between them), every piece is
   mapped byte by byte onto GPT-2's printable alphabet, and merges apply by rank within a piece.
@@ -10,6 +10,9 @@ llama.cpp has two algorithms for the vocabularies llogos reads:
   become tokens fall back to <0xXX> byte tokens. That is a BPE whose merges are every
   (left, right) split of every token into two tokens, ranked by the joined token's score, with
   byte fallback and no pre-tokenizer.
+- "gemma4": BPE over characters with ranked merges, as "gpt2" but on the text itself (spaces
+  written as ▁) and with <0xXX> byte fallback; the text is cut only at newlines, and a run of
+  newlines that is a token is taken whole.
 
 Gemma's 262k tokens give 515k such merges, and `tokenizers` takes about a second to build
 that BPE (longer from its own JSON). Merging only ever forms tokens that are substrings of the
@@ -20,6 +23,7 @@ are derived once per GGUF and cached under its header's SHA-256.
 """
 
 import os
+import re
 import threading
 import zipfile
 from dataclasses import dataclass
@@ -33,6 +37,9 @@ from llogos_cli.paths import optional_cache_dir
 from llogos_cli.tokenizer.detokenize import GPT2_BYTES
 
 _CACHE_VERSION = 1
+MODELS = ("gpt2", "llama", "gemma4")   # tokenizer.ggml.model values llogos reads
+SPM_TEXT = ("llama", "gemma4")         # text with spaces as ▁, characters outside the vocabulary as <0xXX> bytes
+_NEWLINES = re.compile(r"[^\n]+|\n+")   # Gemma 4's pieces: lines, and runs of newlines
 _UNKNOWN_BYTE = "<llogos: byte not in the vocabulary>"
 _BYTE_CHARS = {b: ch for ch, b in GPT2_BYTES.items()}
 
@@ -107,8 +114,10 @@ class SubwordModel:
     """llama.cpp's BPE or SentencePiece algorithm for one GGUF vocabulary."""
 
     def __init__(self, meta: dict, tokens: list[str], token_ids: dict[str, int], header_sha256: str):
-        self._spm = meta["tokenizer.ggml.model"] == "llama"
+        self._spm = meta["tokenizer.ggml.model"] in SPM_TEXT
+        self._lines = meta["tokenizer.ggml.model"] == "gemma4"
         self._pre = None if self._spm else pre_tokenizer(meta)
+        self._token_ids = token_ids
         self._tokens = tokens
         self._texts = np.array(tokens, dtype=object)  # gathers token texts by id arrays quickly
         self._merges, self._chars, self._starts = _cached_tables(meta, tokens, token_ids, header_sha256)
@@ -126,9 +135,16 @@ class SubwordModel:
         joined = "".join(texts)
         chars = frozenset(joined) if self._spm else frozenset(_BYTE_CHARS[b] for b in set(joined.encode()))
         bpe = self._bpe_for(chars)
+        if self._lines:
+            return [[i for piece in _NEWLINES.findall(text) for i in self._line_ids(bpe, piece)] for text in texts]
         # The "unknown byte" id, len(tokens), stands for a byte llama.cpp drops.
         return [[i for i in bpe.encode(text, add_special_tokens=False).ids if i < len(self._tokens)]
                 for text in texts]
+
+    def _line_ids(self, bpe: Tokenizer, piece: str) -> list[int]:
+        if piece[0] == "\n" and piece in self._token_ids:
+            return [self._token_ids[piece]]
+        return bpe.encode(piece, add_special_tokens=False).ids
 
     def _bpe_for(self, chars: frozenset[str]) -> Tokenizer:
         """A BPE that spells every one of `chars`. The first texts get a BPE of just the tokens
