@@ -4,25 +4,18 @@ tests/fixtures/vocab-gemma4.gguf: its vocabulary cut to the tokens of its texts,
 them as the whole of it does (see tests/fixtures/make_gemma4_vocab.py). The texts cover digits,
 whitespace and newline runs, accents, CJK, emoji, code and Gemma 4's chat markers."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.tokenizer.tokenizer import Tokenizer
+from tests.vocab_fixtures import FIXTURES, cases, llogos_tokenize, tokenizer
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-CASES = json.loads((FIXTURES / "vocab-gemma4.json").read_text())
-PAIRS = list(zip(CASES["texts"], CASES["llama_tokenize_ids"]))
+PAIRS = cases("gemma4")
 
 
 @pytest.fixture(scope="module")
 def gemma4() -> Tokenizer:
-    return Tokenizer.from_gguf(GGUFFile(FIXTURES / "vocab-gemma4.gguf"))
+    return tokenizer("gemma4")
 
 
 @pytest.mark.parametrize("text, ids", PAIRS, ids=[text[:20] for text, _ in PAIRS])
@@ -58,8 +51,4 @@ def test_characters_outside_the_vocabulary_fall_back_to_bytes(gemma4):
 
 def test_llogos_tokenize_reads_the_vocabulary_only_file(tmp_path):
     text, ids = PAIRS[5]   # CJK
-    env = dict(os.environ, LLOGOS_CACHE=str(tmp_path), NO_COLOR="1")
-    done = subprocess.run([sys.executable, "-m", "llogos_cli", "tokenize", "-m", str(FIXTURES / "vocab-gemma4.gguf"),
-                           "--no-bos", text], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == ids
+    assert llogos_tokenize("gemma4", tmp_path, "--no-bos", text) == ids

@@ -4,25 +4,18 @@ tokenizes them as the whole vocabulary does (see tests/fixtures/make_o200k_vocab
 cover digits, whitespace runs, accents (upper and lower case beside each other), CJK, emoji, code
 and gpt-oss's chat markers."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.tokenizer.tokenizer import Tokenizer
+from tests.vocab_fixtures import FIXTURES, cases, llogos_tokenize, tokenizer
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-CASES = json.loads((FIXTURES / "vocab-o200k.json").read_text())
-PAIRS = list(zip(CASES["texts"], CASES["llama_tokenize_ids"]))
+PAIRS = cases("o200k")
 
 
 @pytest.fixture(scope="module")
 def o200k() -> Tokenizer:
-    return Tokenizer.from_gguf(GGUFFile(FIXTURES / "vocab-o200k.gguf"))
+    return tokenizer("o200k")
 
 
 @pytest.mark.parametrize("text, ids", PAIRS, ids=[text[:20] for text, _ in PAIRS])
@@ -56,8 +49,4 @@ def test_other_pre_tokenizers_cut_these_texts_differently(o200k):
 def test_llogos_tokenize_reads_the_vocabulary_only_file(tmp_path):
     """`llogos tokenize` on the tensorless file prints llama-tokenize's ids, as a JSON list."""
     text, ids = PAIRS[5]   # CJK
-    env = dict(os.environ, LLOGOS_CACHE=str(tmp_path), NO_COLOR="1")
-    done = subprocess.run([sys.executable, "-m", "llogos_cli", "tokenize", "-m", str(FIXTURES / "vocab-o200k.gguf"), text],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == ids
+    assert llogos_tokenize("o200k", tmp_path, text) == ids

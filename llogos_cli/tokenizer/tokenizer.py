@@ -16,6 +16,7 @@ import threading
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.tokenizer import vocab
+from llogos_cli.tokenizer.wordpiece import WordPiece
 from llogos_cli.tokenizer.detokenize import (
     SPM_SPACE,
     StreamDecoder,
@@ -58,21 +59,22 @@ _ALWAYS_SHOWN = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
 class Tokenizer:
-    """A GGUF vocabulary: "gpt2" (byte-level BPE), "llama" (SentencePiece) or "gemma4" (BPE over
-    characters, spaces written as ▁ as SentencePiece writes them)."""
+    """A GGUF vocabulary: "gpt2" (byte-level BPE), "llama" (SentencePiece), "gemma4" (BPE over
+    characters, spaces written as ▁ as SentencePiece writes them) or "bert" (WordPiece)."""
 
     def __init__(self, meta: dict, header_sha256: str):
         model = meta.get(_META + "model")
         if model not in vocab.MODELS:
-            raise LlogosError(f"unsupported tokenizer {model!r} ({_META}model); llogos reads "
-                              "'gpt2' (byte-level BPE), 'llama' (SentencePiece) and 'gemma4' vocabularies")
+            raise LlogosError(f"unsupported tokenizer {model!r} ({_META}model); llogos reads 'gpt2' "
+                              "(byte-level BPE), 'llama' (SentencePiece), 'gemma4' and 'bert' (WordPiece) vocabularies")
         tokens = meta.get(_META + "tokens")
         if not tokens:
             raise LlogosError(f"the GGUF has no vocabulary ({_META}tokens)")
         if "" in tokens:  # llama.cpp names empty tokens so that they stay distinct
             tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self._meta, self._sha = meta, header_sha256
-        self._spm = model in vocab.SPM_TEXT   # spaces written as ▁, <0xXX> byte tokens
+        self._kind = model
+        self._spm = model in vocab.SPM_TEXT   # tokens show spaces as ▁, <0xXX> byte tokens
         self._tokens = tokens
         self._ids = {text: i for i, text in enumerate(tokens)}
         if len(self._ids) != len(tokens):
@@ -84,13 +86,15 @@ class Tokenizer:
         self.n_vocab = len(tokens)
 
         pre = None if self._spm else vocab.pre_tokenizer(meta)  # fails early if unknown
-        # llama.cpp adds BOS for Gemma 4 whatever its GGUF says.
-        self.add_bos = model == "gemma4" or bool(meta.get(_META + "add_bos_token", self._spm or pre.add_bos))
+        # llama.cpp adds BOS for Gemma 4 whatever its GGUF says, and BERT's [CLS] ... [SEP] always.
+        self.add_bos = model in ("gemma4", "bert") or bool(meta.get(_META + "add_bos_token", self._spm or pre.add_bos))
         self.add_space_prefix = model == "llama" and bool(meta.get(_META + "add_space_prefix", True))
-        default_bos, default_eos = {"llama": (1, 2), "gpt2": (11, 11)}.get(model, (None, None))
+        default_bos, default_eos = {"llama": (1, 2), "gpt2": (11, 11), "bert": (101, None)}.get(model, (None, None))
         no_bos = meta.get(_META + "pre") in ("glm4", "chatglm-bpe")
         self.bos_id = self._role_id("bos", None if no_bos else default_bos)
         self.eos_id = self._role_id("eos", default_eos)
+        # BERT's [SEP] closes what begins with [CLS] ([SEP]'s key is spelled so in GGUF).
+        self.sep_id = self._role_id("seperator", 102) if model == "bert" else None
         if self.add_bos and self.bos_id is None:
             raise LlogosError(f"{_META}add_bos_token is true but the vocabulary has no BOS token")
         self.eog_ids: frozenset[int] = self._find_eog()
@@ -106,7 +110,7 @@ class Tokenizer:
         for text, token_id, _ in self._specials:
             self._special_groups.setdefault(text[:4], []).append((text, token_id))
         self._pieces: dict[int, bytes] = {}   # filled as tokens are shown; a racing fill writes the same bytes
-        self._subword: vocab.SubwordModel | None = None
+        self._subword: vocab.SubwordModel | WordPiece | None = None
         self._subword_lock = threading.Lock()
 
     @classmethod
@@ -179,12 +183,14 @@ class Tokenizer:
     # ---- encoding ----------------------------------------------------------------------------
 
     @property
-    def _model(self) -> vocab.SubwordModel:
+    def _model(self) -> "vocab.SubwordModel | WordPiece":
         # Made on first use, once however many threads ask: decoding never needs it, and it
         # reads a cache file.
         if self._subword is None:
             with self._subword_lock:
-                if self._subword is None:
+                if self._subword is None and self._kind == "bert":
+                    self._subword = WordPiece(self._meta, self._ids, self._role_id("unknown", 100))
+                elif self._subword is None:
                     self._subword = vocab.SubwordModel(self._meta, self._tokens, self._ids, self._sha)
         return self._subword
 
@@ -196,12 +202,13 @@ class Tokenizer:
         except UnicodeEncodeError as e:  # lone surrogates, as undecodable command-line bytes give
             raise LlogosError(f"the text is not valid Unicode at character {e.start}") from None
         ids = []
-        if self.add_bos if add_bos is None else add_bos:
+        add_special = self.add_bos if add_bos is None else add_bos
+        if add_special:
             if self.bos_id is None:
                 raise LlogosError("cannot add BOS: the vocabulary has no BOS token")
             ids.append(self.bos_id)
         pieces = self._split_special(text, parse_special)
-        if self._spm:
+        if self._kind in ("llama", "gemma4"):   # spaces written as ▁ before the subword model sees them
             pieces = [p if isinstance(p, int) else self._spm_text(p, k == 0 or isinstance(pieces[k - 1], int))
                       for k, p in enumerate(pieces)]
         encoded = iter(self._model.encode([p for p in pieces if isinstance(p, str)]))
@@ -210,6 +217,8 @@ class Tokenizer:
                 ids.append(piece)
             else:
                 ids.extend(next(encoded))
+        if add_special and self.sep_id is not None:
+            ids.append(self.sep_id)
         return ids
 
     def _spm_text(self, text: str, after_special: bool) -> str:

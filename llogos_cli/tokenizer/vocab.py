@@ -37,8 +37,8 @@ from llogos_cli.paths import optional_cache_dir
 from llogos_cli.tokenizer.detokenize import GPT2_BYTES
 
 _CACHE_VERSION = 1
-MODELS = ("gpt2", "llama", "gemma4")   # tokenizer.ggml.model values llogos reads
-SPM_TEXT = ("llama", "gemma4")         # text with spaces as ▁, characters outside the vocabulary as <0xXX> bytes
+MODELS = ("gpt2", "llama", "gemma4", "bert")   # tokenizer.ggml.model values llogos reads (bert: wordpiece.py)
+SPM_TEXT = ("llama", "gemma4", "bert")         # tokens show spaces as ▁ and bytes as <0xXX>
 _NEWLINES = re.compile(r"[^\n]+|\n+")   # Gemma 4's pieces: lines, and runs of newlines
 _UNKNOWN_BYTE = "<llogos: byte not in the vocabulary>"
 _BYTE_CHARS = {b: ch for ch, b in GPT2_BYTES.items()}
