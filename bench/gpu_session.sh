@@ -21,6 +21,10 @@
 #   LLOGOS_COMMIT=<sha> bench/gpu_session.sh bench-small         carry [".gpu", ".whl", ".gpu-m2"]
 #   LLOGOS_COMMIT=<sha> bench/gpu_session.sh bench-8b real       carry [".gpu", ".whl", ".gpu-m3"]
 #
+# The first H100 session (2026-11-27, 15 device-minutes) ran tests, bench-small and bench-8b in one
+# call of ~3.5 minutes (tests 61 s, bench-small 57 s, bench-8b 47 s, a fresh machine ~35 s), with
+# a BUDGET_S for each stage: BUDGET_S=130 gpu_session.sh tests; BUDGET_S=170 ... bench-small; ...
+#
 # A call stays under BUDGET_S (570 s): every step runs with what is left of it, so the call returns
 # its logs before the 10-minute limit. A call may find a fresh machine, so each call installs what
 # it needs. Everything goes under $OUT (at most 8 files): steps.log holds each step's exit status
@@ -117,10 +121,13 @@ setup() {
 }
 
 tests() {  # tests NAME [PYTEST ARGS]
-    local name=$1
+    local name=$1 spread=()
     shift
-    step "$name" "$PYTHON" -m pytest -q -ra --durations=10 tests/test_cuda_gpu.py --junitxml="$OUT/$name.xml" "$@" 2>&1 |
-        tee "$OUT/$name.log"
+    # Eight pytest-xdist workers where the machine has it (its image does): the GPU tests took 61 s
+    # so on an H100 against ~3 minutes in one process, most of it NVRTC and numba compiling.
+    "$PYTHON" -c 'import xdist, pytest_timeout' 2>/dev/null && spread=(-n 8 --timeout=150)
+    step "$name" "$PYTHON" -m pytest -q -ra --durations=10 ${spread[@]+"${spread[@]}"} tests/test_cuda_gpu.py \
+        --junitxml="$OUT/$name.xml" "$@" 2>&1 | tee "$OUT/$name.log"
 }
 
 bench() {  # bench NAME MODELS [BENCH_CUDA ARGS]
