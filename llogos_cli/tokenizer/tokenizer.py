@@ -16,7 +16,6 @@ import threading
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.tokenizer import vocab
-from llogos_cli.tokenizer.wordpiece import WordPiece
 from llogos_cli.tokenizer.detokenize import (
     SPM_SPACE,
     StreamDecoder,
@@ -25,6 +24,7 @@ from llogos_cli.tokenizer.detokenize import (
     is_hidden,
     piece_bytes,
 )
+from llogos_cli.tokenizer.wordpiece import WordPiece
 
 __all__ = ["StreamDecoder", "Tokenizer"]
 
@@ -188,10 +188,9 @@ class Tokenizer:
         # reads a cache file.
         if self._subword is None:
             with self._subword_lock:
-                if self._subword is None and self._kind == "bert":
-                    self._subword = WordPiece(self._meta, self._ids, self._role_id("unknown", 100))
-                elif self._subword is None:
-                    self._subword = vocab.SubwordModel(self._meta, self._tokens, self._ids, self._sha)
+                if self._subword is None:
+                    self._subword = (WordPiece(self._meta, self._ids, self._role_id("unknown", 100)) if self._kind == "bert"
+                                     else vocab.SubwordModel(self._meta, self._tokens, self._ids, self._sha))
         return self._subword
 
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
