@@ -267,7 +267,7 @@ def bench_batched(model: Model, n: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(SPECS))
+    parser.add_argument("--models", default=",".join(name for name, spec in SPECS.items() if not spec.experts))
     parser.add_argument("--batch-sizes", default="1,4,16,64", help="sequences decoded at once (batched figures)")
     parser.add_argument("--llama-cpp", action="store_true", help="also run llama-bench and llama-batched-bench from PATH")
     parser.add_argument("--dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "llogos-bench")

@@ -72,7 +72,8 @@ def llama_bench(exe: str, path: Path, n_tg: int, reps: int) -> dict:
 
 
 def model_file(name: str) -> Path:
-    if name in ("llama-1b", "llama-8b"):
+    from bench.synthetic import SPECS
+    if name in SPECS and SPECS[name].mix != "q4_1":   # synthetic shapes: llama-1b, llama-8b, qwen3-30b-a3b
         from bench.synthetic_gguf import write_model
         from llogos_cli.paths import cache_dir
         return write_model(name, cache_dir("bench"))

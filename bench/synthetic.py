@@ -39,6 +39,15 @@ class Hybrid:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts feed-forward in every layer (qwen3moe): n_used of n_expert experts a
+    token, each a SwiGLU of n_ff hidden units, stacked in ffn_{gate,up,down}_exps."""
+    n_expert: int
+    n_used: int
+    n_ff: int
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str
     n_vocab: int
@@ -53,10 +62,11 @@ class Spec:
     head_dim: int = 0   # 0: n_embd // n_head
     rope_dims: int = 0  # 0: all of head_dim
     hybrid: Hybrid | None = None
+    experts: Experts | None = None
 
     @property
     def arch(self) -> str:
-        return "qwen35" if self.hybrid else "llama"
+        return "qwen35" if self.hybrid else "qwen3moe" if self.experts else "llama"
 
     @property
     def d_head(self) -> int:
@@ -71,10 +81,14 @@ class Spec:
         if name == "output" or (name == "token_embd" and self.tied):
             return Q.Q6_K
         # llama.cpp's Q4_K_M spends 6 bits on attn_v and ffn_down in the first and last eighth of
-        # the layers and every third layer between.
+        # the layers and every third layer between; its Q3_K_M (roughly) 5 bits there, 4 bits on
+        # the rest of attn_v, ffn_down and attn_output, 3 bits elsewhere.
         n = self.n_layer
         more_bits = layer < n // 8 or layer >= 7 * n // 8 or (layer - n // 8) % 3 == 2
-        return Q.Q6_K if name in ("attn_v", "ffn_down") and more_bits else Q.Q4_K
+        wide = name in ("attn_v", "ffn_down", "ffn_down_exps")
+        if self.mix == "q3_k_m":
+            return Q.Q5_K if wide and more_bits else Q.Q4_K if wide or name == "attn_output" else Q.Q3_K
+        return Q.Q6_K if wide and more_bits else Q.Q4_K
 
 
 SPECS = {
@@ -85,6 +99,9 @@ SPECS = {
     # every fourth layer, Gated DeltaNet of 16 heads of 128 in the others.
     "qwen35-0.8b": Spec("qwen35-0.8b", 248320, 1024, 24, 8, 2, 3584, 1e7, True, "q4_k_m",
                         head_dim=256, rope_dims=64, hybrid=Hybrid(16, 16, 128, 128)),
+    # Qwen3-30B-A3B: 8 of 128 experts of 768 a token, 3.3B of 30.5B weights active; Q3_K_M, ~14 GB.
+    "qwen3-30b-a3b": Spec("qwen3-30b-a3b", 151936, 2048, 48, 32, 4, 768, 1e6, False, "q3_k_m",
+                          head_dim=128, experts=Experts(128, 8, 768)),
 }
 
 # Values of the float16 scale fields per block type (byte offset, value): weights of standard
@@ -130,12 +147,21 @@ def layer_matrices(spec: Spec, layer: int) -> list[tuple[str, int, int]]:
         return [("attn_qkv", h.conv_channels, e), ("attn_gate", h.value_dim, e),
                 ("ssm_alpha", h.n_v_heads, e), ("ssm_beta", h.n_v_heads, e), ("ssm_out", e, h.value_dim), *ffn]
     q_rows = spec.n_head * hd * (2 if spec.hybrid else 1)  # qwen35's queries carry their output gate
-    return [("attn_q", q_rows, e), ("attn_k", spec.n_kv * hd, e), ("attn_v", spec.n_kv * hd, e),
-            ("attn_output", e, spec.n_head * hd), *ffn]
+    attention = [("attn_q", q_rows, e), ("attn_k", spec.n_kv * hd, e), ("attn_v", spec.n_kv * hd, e),
+                 ("attn_output", e, spec.n_head * hd)]
+    return attention if spec.experts else attention + ffn
+
+
+def expert_matrices(spec: Spec) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of one expert's matrices, stacked n_expert deep in each layer."""
+    x, e = spec.experts, spec.n_embd
+    return [("ffn_gate_exps", x.n_ff, e), ("ffn_up_exps", x.n_ff, e), ("ffn_down_exps", e, x.n_ff)]
 
 
 def write_model(spec: Spec, path: Path) -> Path:
     """Write spec's GGUF of random weights to path (atomically); return path."""
+    if spec.experts:
+        raise ValueError(f"{spec.name}: mixture-of-experts shapes are written by bench/synthetic_gguf.py")
     hd = spec.d_head
     w = GGUFWriter(str(path) + ".tmp", spec.arch)
     w.add_name(f"synthetic {spec.name}")

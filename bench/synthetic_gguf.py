@@ -2,8 +2,9 @@
 
     python bench/synthetic_gguf.py llama-1b|llama-8b [--out DIR]
 
-Writes DIR/<shape>-q4_k_m.gguf (DIR: ~/.cache/llogos/bench) in the shapes and Q4_K_M type mix of
-bench/synthetic.py's specs (the CUDA benchmark's), streamed a tensor at a time so that the 8B
+Writes DIR/<shape>-<mix>.gguf (DIR: ~/.cache/llogos/bench) in the shapes and type mixes (Q4_K_M,
+Q3_K_M) of bench/synthetic.py's specs (the CUDA benchmark's), the mixture-of-experts shape
+(qwen3-30b-a3b) with its experts stacked, streamed a tensor at a time so that the 8B
 shape needs no more memory than its largest tensor, with a random float16 scale per block and a
 BPE vocabulary llama.cpp accepts. Random weights: what a benchmark needs, not a working model.
 """
@@ -15,7 +16,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as QType
 
-from bench.synthetic import SPECS, Spec, layer_matrices
+from bench.synthetic import SPECS, Spec, expert_matrices, layer_matrices
 from llogos_cli.paths import cache_dir
 
 # Byte offsets of the float16 scales in each type's block: random bytes there could be inf or NaN.
@@ -44,38 +45,58 @@ def random_rows(qtype: QType, rows: int, cols: int, rng: np.random.Generator, sc
     return raw.reshape(rows, -1)
 
 
-def _tensors(spec: Spec) -> list[tuple[str, int, int, QType]]:
-    """(name, rows, cols, type) of every matrix, in file order; types by spec's Q4_K_M mix."""
-    out = [("token_embd.weight", spec.n_vocab, spec.n_embd, spec.qtype("token_embd", 0))]
+def _tensors(spec: Spec) -> list[tuple[str, int, int, int, QType]]:
+    """(name, stacked, rows, cols, type) of every matrix, in file order (stacked: experts, else 1);
+    types by spec's mix."""
+    out = [("token_embd.weight", 1, spec.n_vocab, spec.n_embd, spec.qtype("token_embd", 0))]
     if not spec.tied:
-        out.append(("output.weight", spec.n_vocab, spec.n_embd, spec.qtype("output", 0)))
+        out.append(("output.weight", 1, spec.n_vocab, spec.n_embd, spec.qtype("output", 0)))
     for il in range(spec.n_layer):
-        out += [(f"blk.{il}.{name}.weight", rows, cols, spec.qtype(name, il))
+        out += [(f"blk.{il}.{name}.weight", 1, rows, cols, spec.qtype(name, il))
                 for name, rows, cols in layer_matrices(spec, il)]
+        if spec.experts:
+            out.append((f"blk.{il}.ffn_gate_inp.weight", 1, spec.experts.n_expert, spec.n_embd, QType.F32))
+            out += [(f"blk.{il}.{name}.weight", spec.experts.n_expert, rows, cols, spec.qtype(name, il))
+                    for name, rows, cols in expert_matrices(spec)]
     return out
+
+
+def _vectors(spec: Spec) -> list[tuple[str, int]]:
+    """(name, length) of the norms, float32."""
+    norms = ["attn_norm", "ffn_norm"] + (["attn_q_norm", "attn_k_norm"] if spec.experts else [])
+    return [("output_norm.weight", spec.n_embd)] + [
+        (f"blk.{il}.{n}.weight", spec.d_head if n in ("attn_q_norm", "attn_k_norm") else spec.n_embd)
+        for il in range(spec.n_layer) for n in norms]
 
 
 def write_model(shape: str, out: Path) -> Path:
     """The synthetic GGUF of `shape` in folder out, written once; tensors are streamed to the file
     one at a time, so an 8B model needs no more memory than its largest tensor."""
     s = SPECS[shape]
-    path = out / f"{shape}-q4_k_m.gguf"
+    path = out / f"{shape}-{s.mix}.gguf"
     if path.exists():
         return path
-    e, hd = s.n_embd, s.n_embd // s.n_head
+    e, hd = s.n_embd, s.d_head
     tmp = path.with_suffix(".tmp")
-    w = GGUFWriter(tmp, "llama")
-    w.add_name(f"synthetic {shape} Q4_K_M")
+    w = GGUFWriter(tmp, s.arch)
+    w.add_name(f"synthetic {shape} {s.mix.upper()}")
     w.add_context_length(8192)
     w.add_embedding_length(e)
     w.add_block_count(s.n_layer)
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
     w.add_head_count_kv(s.n_kv)
+    if s.head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if s.experts:
+        w.add_expert_count(s.experts.n_expert)
+        w.add_expert_used_count(s.experts.n_used)
+        w.add_expert_feed_forward_length(s.experts.n_ff)
     w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(s.rope_base)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(15)   # MOSTLY_Q4_K_M
+    w.add_layer_norm_rms_eps(1e-5 if s.arch == "llama" else 1e-6)
+    w.add_file_type({"q4_k_m": 15, "q3_k_m": 12}[s.mix])   # MOSTLY_Q4_K_M, MOSTLY_Q3_K_M
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, s.n_vocab)])
@@ -83,22 +104,22 @@ def write_model(shape: str, out: Path) -> Path:
     w.add_token_merges(["a b"])   # llama.cpp refuses a BPE vocabulary without merges
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
-    norms = ["output_norm.weight"] + [f"blk.{il}.{n}.weight" for il in range(s.n_layer)
-                                      for n in ("attn_norm", "ffn_norm")]
-    matrices = _tensors(s)
-    for name in norms:
-        w.add_tensor_info(name, (e,), np.dtype(np.float32), 4 * e)
-    for name, rows, cols, qtype in matrices:
+    norms, matrices = _vectors(s), _tensors(s)
+    for name, n in norms:
+        w.add_tensor_info(name, (n,), np.dtype(np.float32), 4 * n)
+    for name, stacked, rows, cols, qtype in matrices:
         block, size = GGML_QUANT_SIZES[qtype]
-        w.add_tensor_info(name, (rows, cols // block * size), np.dtype(np.uint8), rows * cols // block * size, qtype)
+        shape = (rows, cols // block * size) if stacked == 1 else (stacked, rows, cols // block * size)
+        w.add_tensor_info(name, shape, np.dtype(np.uint8), stacked * rows * cols // block * size, qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(0)
-    for _ in norms:
-        w.write_tensor_data(np.ones(e, np.float32))
-    for _, rows, cols, qtype in matrices:
-        w.write_tensor_data(random_rows(qtype, rows, cols, rng))
+    for _, n in norms:
+        w.write_tensor_data(np.ones(n, np.float32))
+    for _, stacked, rows, cols, qtype in matrices:
+        raw = random_rows(qtype, stacked * rows, cols, rng)
+        w.write_tensor_data(raw if stacked == 1 else raw.reshape(stacked, rows, -1))
     w.close()
     tmp.rename(path)
     return path
@@ -106,7 +127,7 @@ def write_model(shape: str, out: Path) -> Path:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=[n for n, s in SPECS.items() if s.mix == "q4_k_m" and s.arch == "llama"])
+    ap.add_argument("shape", choices=[n for n, s in SPECS.items() if s.arch in ("llama", "qwen3moe") and s.mix != "q4_1"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     print(write_model(args.shape, args.out or cache_dir("bench")))
