@@ -132,6 +132,8 @@ class QuantMatmul:
         if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.TYPES:   # types the integer products do not take
             self._tiled(np.zeros((DOT_MAX_TOKENS + 1, 32), np.float32), plain, QType.Q8_0, 1, 32)
             cpu_rows.warm_up()
+        if qtypes - cpu_quant_int8.TYPES - CPU_DOT_TYPES:   # and no dot kernel either: decode steps' products
+            self._matvec_rows(np.zeros((1, 32), np.float32), plain, QType.Q8_0)
 
     def pack(self, raw: np.ndarray, qtype: QType) -> np.ndarray:
         """A matrix's rows as this object's products take them: repacked for the integer products
@@ -201,6 +203,8 @@ class QuantMatmul:
             raw, qtype = route.matrices[i]
             if x.shape[0] <= DOT_MAX_TOKENS and qtype in CPU_DOT_TYPES:
                 outs[i] = self._matvec(x, raw, qtype)
+            elif x.shape[0] <= DOT_MAX_TOKENS and qtype in cpu_quant_dequant.TYPES:
+                outs[i] = self._matvec_rows(x, raw, qtype)
             else:
                 outs[i] = self._tiled(x, raw, qtype, raw.shape[0], x.shape[1])
         for k_type, chosen, plan in route.int8:
@@ -268,6 +272,13 @@ class QuantMatmul:
         if len(matrices) == 1:   # matvec8_one's arguments: the rows and a Python int
             return raws, int(codes[0]), firsts, 1, int(firsts[-1])
         return raws, codes, firsts, len(matrices), int(firsts[-1])
+
+    @staticmethod
+    def _matvec_rows(x: np.ndarray, raw: np.ndarray, qtype: QType) -> np.ndarray:
+        out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+        share_out(-(-raw.shape[0] // cpu_quant_dequant.ROWS_A_SHARE))
+        cpu_quant_dequant.matvec_rows(raw, int(qtype), x, out)
+        return out
 
     def _tiled(self, x: np.ndarray, raw: np.ndarray, qtype: QType, rows: int, cols: int) -> np.ndarray:
         step = max(1, TILE_ELEMENTS // cols)

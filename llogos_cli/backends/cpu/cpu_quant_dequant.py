@@ -9,7 +9,7 @@ its first element.
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends.cpu.cpu_jit import F16, f16_at, k_scales_mins, kernel
+from llogos_cli.backends.cpu.cpu_jit import F16, f16_at, k_scales_mins, kernel, parallel_kernel, prange
 from llogos_cli.backends.cpu.cpu_simd import plain_row_expand
 from llogos_cli.gguf.quants import IQ4_NL_VALUES, MXFP4_VALUES, e8m0_half
 
@@ -206,3 +206,24 @@ def dequantize_rows(raw, code, out):
     sc, mn = np.empty(16, np.float32), np.empty(8, np.float32)   # a K block's scales (Q3_K's 16) and mins
     for r in range(raw.shape[0]):
         _row(raw[r], code, out[r], sc, mn)
+
+
+ROWS_A_SHARE = 16   # rows matvec_rows hands a thread at a time, decoded into one buffer
+
+
+@parallel_kernel
+def matvec_rows(raw, code, x, out):
+    """out (T, rows) = x (T, cols) · the rows of raw of GGML type `code`, for the types no dot
+    kernel takes (Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4), on every core: each row is decoded to float32
+    once and dotted with every token's x, instead of a whole matrix being decoded a tile at a time
+    on one thread before a BLAS product, as prompts' products are."""
+    rows, cols = raw.shape[0], x.shape[1]
+    for share in prange((rows + ROWS_A_SHARE - 1) // ROWS_A_SHARE):
+        row, sc, mn = np.empty(cols, np.float32), np.empty(16, np.float32), np.empty(8, np.float32)
+        for r in range(share * ROWS_A_SHARE, min(rows, (share + 1) * ROWS_A_SHARE)):
+            _row(raw[r], code, row, sc, mn)
+            for t in range(x.shape[0]):
+                acc = np.float32(0)
+                for i in range(cols):
+                    acc += row[i] * x[t, i]
+                out[t, r] = acc
