@@ -108,7 +108,8 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), shapes
     copies of the matrix in turn (so that the weights come from memory, not from the 50 MB L2), the
     weight bytes streamed per second, and that as a fraction of the copy bandwidth. 1 token is
     decode, timed with each number of rows a warp (1, 2; the launcher's choice is
-    cuda_matmul.rows_per_warp); 4 and 8 tokens a short batch, on the first shape only."""
+    cuda_matmul.rows_per_warp) and, for cuda_matmul.INT8_TYPES, with 8-bit activations too; 4 and
+    8 tokens a short batch, on the first shape only."""
     import cupy
 
     from llogos_cli.backends.cuda import cuda_matmul
@@ -121,17 +122,29 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), shapes
             first = b.matrix(random_matrix(src, qtype, rows, cols), qtype, True)
             copies = [first] + [dataclasses.replace(first, raw=first.raw.copy())
                                 for _ in range(max(3, int(rotation_bytes / first.raw.nbytes)))]
-            variants = [(1, r) for r in (1, 2)] + [(n, 1) for n in tokens if n > 1 and shape_index == 0]
-            for n, per_warp in variants:
+            int8 = qtype in cuda_matmul.INT8_TYPES
+            # (tokens, rows a warp, activations): one token with float32 activations and, for the
+            # types that have them, 8-bit ones (quantized once before the timed launches).
+            variants = ([(1, r, "float") for r in (1, 2)] + [(1, r, "int8") for r in (1, 2) if int8]
+                        + [(n, 1, "float") for n in tokens if n > 1 and shape_index == 0])
+            for n, per_warp, activations in variants:
                 x = cupy.asarray(src.rng.standard_normal((n, cols), np.float32))
                 y = cupy.empty((n, rows), np.float32)
+                x8 = cuda_matmul.quantize_q8(b.kernels, x) if activations == "int8" else None
+
+                def launch(i, x=x, y=y, x8=x8, per_warp=per_warp):
+                    w, choose = copies[i % len(copies)], (lambda _: per_warp)
+                    if x8 is None:
+                        cuda_matmul.matvec(b.kernels, x, w, y, rows_per_warp=choose)
+                    else:
+                        cuda_matmul.matvec_q8(b.kernels, x8, w, y, rows_per_warp=choose)
                 # The first round of the copies compiles and warms up.
-                ms = median_gpu_ms(lambda i: cuda_matmul.matvec(b.kernels, x, copies[i % len(copies)], y,
-                                                                rows_per_warp=lambda _: per_warp),
-                                   reps, warmup=len(copies))
+                ms = median_gpu_ms(launch, reps, warmup=len(copies))
                 gb_s = first.raw.nbytes / ms / 1e6
+                chosen = n > 1 or (per_warp == cuda_matmul.rows_per_warp(first)
+                                   and activations == (b.products if int8 else "float"))
                 out.append({"type": qtype.name, "rows": rows, "cols": cols, "tokens": n, "rows_per_warp": per_warp,
-                            "chosen": n > 1 or per_warp == cuda_matmul.rows_per_warp(first),
+                            "activations": activations, "chosen": chosen,
                             "us": 1e3 * ms, "GB_s": gb_s, "bandwidth_fraction": gb_s / bandwidth})
             first = copies = None  # before the next shape is made
             cupy.get_default_memory_pool().free_all_blocks()
@@ -374,7 +387,9 @@ def report(results: list[dict], products: list[dict], bandwidth: float) -> None:
         print("\nThe product kernels alone: us a launch, weight GB/s (share of the copy bandwidth); one token "
               "with each number of rows a warp (* the launcher's choice), then more tokens.\n")
         def label(p):
-            return f"{p['tokens']} tokens" if p["tokens"] > 1 else f"1 token, {p['rows_per_warp']} row{'s' * (p['rows_per_warp'] > 1)} a warp"
+            if p["tokens"] > 1:
+                return f"{p['tokens']} tokens"
+            return f"1 token, {p.get('activations', 'float')}, {p['rows_per_warp']} row{'s' * (p['rows_per_warp'] > 1)} a warp"
         columns = list(dict.fromkeys(label(p) for p in products))
         by_shape = defaultdict(dict)
         for p in products:

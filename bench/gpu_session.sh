@@ -11,6 +11,8 @@
 #       bench-small  the product kernels alone per weight type; smollm2-135m, llama-1b, qwen35-0.8b
 #                    (SMALL_MODELS=a,b in that order instead)
 #       bench-8b     llama-8b
+#       bench-float  llogos alone with float32 activations in every product (LLOGOS_CUDA_PRODUCTS=float):
+#                    the same-machine baseline for the 8-bit ones; FLOAT_MODELS=a,b (default llama-8b,llama-1b)
 #       real         the SmolLM2 tests of tests/test_cuda_gpu.py, once its parts are assembled
 #
 # One call of the device tool a line, from the repository root, each carrying one model part (the
@@ -139,14 +141,14 @@ bench() {  # bench NAME MODELS [BENCH_CUDA ARGS]
         --json "$OUT/bench-$name.json" "$@" 2>&1 | tee "$OUT/bench-$name.log"
 }
 
-usage="usage: bench/gpu_session.sh prepare | STAGE... (tests, bench-small, bench-8b, real)"
+usage="usage: bench/gpu_session.sh prepare | STAGE... (tests, bench-small, bench-8b, bench-float, real)"
 (( $# )) || { echo "$usage" >&2; exit 2; }
 if [[ $1 == prepare ]]; then
     prepare
     exit
 fi
 for stage; do
-    [[ $stage =~ ^(tests|bench-small|bench-8b|real)$ ]] || { echo "$usage" >&2; exit 2; }
+    [[ $stage =~ ^(tests|bench-small|bench-8b|bench-float|real)$ ]] || { echo "$usage" >&2; exit 2; }
 done
 setup
 for stage; do
@@ -154,6 +156,8 @@ for stage; do
         tests) tests tests -k "not smollm2_" ;;
         bench-small) bench small "${SMALL_MODELS:-smollm2-135m,llama-1b,qwen35-0.8b}" --products ;;
         bench-8b) bench 8b llama-8b ;;
+        bench-float) LLOGOS_CUDA_PRODUCTS=float step bench-float "$PYTHON" bench/bench_cuda.py --models "${FLOAT_MODELS:-llama-8b,llama-1b}" \
+                         --dir "$MODELS_DIR" --batch-sizes 1 --json "$OUT/bench-float.json" 2>&1 | tee "$OUT/bench-float.log" ;;
         real) tests real -k "smollm2_" ;;
     esac
 done

@@ -39,7 +39,7 @@ def measured(name: str, theirs: bool) -> dict:
     }
 
 
-PRODUCTS = [{"type": t, "rows": 14336, "cols": 4096, "tokens": n, "rows_per_warp": 1, "chosen": True, "us": 30.0 * n,
+PRODUCTS = [{"type": t, "rows": 14336, "cols": 4096, "tokens": n, "rows_per_warp": 1, "activations": "int8", "chosen": True, "us": 30.0 * n,
              "GB_s": 1100.0 / n, "bandwidth_fraction": 0.37 / n} for t in ("Q4_K", "Q6_K") for n in (1, 4)]
 
 
@@ -64,7 +64,7 @@ def test_report_prints_both_sides(bench_cuda, capsys):
     assert "| llama-8b | 4.60 | 9000 (11000) | 12.5 (9.0) | 150 / 210 (180) | 32% (28%) |" in out
     assert "| qwen35-0.8b | 4.60 | 9000 (-) | 12.5 (-) |" in out
     assert "| llama-8b | 4.100 | 3.000 (1533 GB/s) | 4.300 | 4.760 | 6.670 |" in out
-    assert ("| type | rows x cols | 1 token, 1 row a warp | 4 tokens |\n|---|---|---|---|\n"
+    assert ("| type | rows x cols | 1 token, int8, 1 row a warp | 4 tokens |\n|---|---|---|---|\n"
             "| Q4_K | 14336 x 4096 | 30.0 us, 1100 GB/s (37%)* | 120.0 us, 275 GB/s (9%) |") in out
     bench_cuda.report([measured("llama-8b", True)], [], 3000.0)   # a run without --products
     assert "product kernels alone" not in capsys.readouterr().out
@@ -111,9 +111,11 @@ def test_the_benchmark_runs_through_under_the_emulator(bench_cuda, monkeypatch, 
     assert ours["decode_tok_s"] > 0 and ours["ttft_ms"] > 0 and 0 < ours["bandwidth_fraction"]
     assert [row["B"] for row in record["models"][spec.name]["batched"]] == [1, 3]
     kernels = {name for name, count, _ in record["models"][spec.name]["decode_kernels"] if count}
-    assert {"delta_net_f32", "ssm_conv_f32", "matvec_q4_K", "matvec_q6_K", "attention_f16_f16"} <= kernels, kernels
+    assert {"delta_net_f32", "ssm_conv_f32", "quantize_q8", "matvec_q8_q4_K", "matvec_q8_q6_K", "attention_f16_f16"} <= kernels, kernels
     assert record["models"][spec.name]["llogos"]["decode_step_ms"]["matvec_gpu"] > 0
     assert {p["type"] for p in products} == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"}
-    # One token with 1 and 2 rows a warp on both shapes, 4 tokens on the first: 5 a type.
-    assert len(products) == 9 * 5 and sum(p["chosen"] for p in products if p["tokens"] == 1) == 9 * 2
+    # One token with 1 and 2 rows a warp on both shapes, 4 tokens on the first: 5 a type; the 5
+    # types with integer products the same 4 one-token variants on 8-bit activations. One chosen a shape.
+    assert len(products) == 9 * 5 + 5 * 4 and sum(p["chosen"] for p in products if p["tokens"] == 1) == 9 * 2
+    assert {p["type"] for p in products if p["activations"] == "int8" and p["chosen"]} == {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"}
     bench_cuda.report([result], products, 3000.0)

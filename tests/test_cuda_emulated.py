@@ -28,7 +28,7 @@ def kernels():
 
 @pytest.fixture(scope="module")
 def backend(kernels):
-    return CudaBackend(kernels)
+    return CudaBackend(kernels, "float")  # float32-exact products; the int8 ones have their own tests
 
 
 # ------------------------------------------------------------------ the emulator itself

@@ -18,6 +18,7 @@ struct uint3 { unsigned x, y, z; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(8) float2 { float x, y; };
 
 namespace emu {
 extern uint3 block_idx, block_dim, grid_dim;
@@ -78,6 +79,13 @@ inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); r
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline void __trap() { emu::fail("__trap"); }
+// Round to nearest even, as cvt.rni (the host's default rounding mode).
+inline int __float2int_rn(float x) { return (int)std::nearbyint(x); }
+// The 4 signed bytes of a times those of b, summed, plus c.
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+}
 
 // IEEE binary16 <-> binary32, bit-exact with the GPU's cvt instructions and NumPy.
 inline float f16_to_f32(unsigned short h) {

@@ -116,6 +116,82 @@ def test_one_token_products_with_two_rows_a_warp(backend, qtype):
     assert_close(host(backend, y), x @ dense.T, rtol=1e-5, scale=np.abs(x) @ np.abs(dense).T)
 
 
+def _wide_range_activations(rng, n_tok: int, cols: int) -> np.ndarray:
+    """Activations over six orders of magnitude, with a run of 32 all zero."""
+    x = (rng.standard_normal((n_tok, cols)) * np.exp(rng.uniform(-7, 7, (n_tok, cols)))).astype(np.float32)
+    x[:, 32:64] = 0.0
+    return x
+
+
+def test_activations_quantized_to_8_bits(backend):
+    """Per run of 32: step d = max|x| / 127, values round(x / d) in [-127, 127], (d, d * sum)."""
+    rng = np.random.default_rng(21)
+    x = _wide_range_activations(rng, 3, 256)
+    xq, xs = (host(backend, a) for a in cuda_matmul.quantize_q8(backend.kernels, backend.xp.asarray(x)))
+    runs, q = x.reshape(3, -1, 32).astype(np.float64), xq.reshape(3, -1, 32).astype(np.float64)
+    step = np.abs(runs).max(axis=2) / 127
+    assert_close(xs[..., 0], step, rtol=1e-6, scale=step)
+    assert np.abs(xq.astype(np.int32)).max() == 127 and np.all(q[:, 1] == 0) and np.all(xs[:, 1] == 0)
+    assert np.all(np.abs(runs - step[..., None] * q) <= step[..., None] * (0.5 + 1e-6))
+    assert_close(xs[..., 1], step * q.sum(axis=2), rtol=1e-6, scale=step * np.abs(q).sum(axis=2))
+
+
+def int8_product_bound(x: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """Bound on |x · Wᵀ - product with x quantized per run of 32|: each activation is off by at
+    most half its run's step (max|x| / 127), times |w|; plus float32 accumulation (1e-5 of |x||w|)."""
+    half_step = np.repeat(np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, 32).max(axis=2) / 254, 32, axis=1)
+    return half_step @ np.abs(dense).T * (1 + 1e-5) + 1e-5 * (np.abs(x) @ np.abs(dense).T)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.INT8_TYPES, key=int), ids=lambda t: t.name)
+def test_one_token_products_with_8_bit_activations(backend, qtype, rows):
+    """matvec_q8 on 37 rows (the last warp's second row past the end), activations of a wide range
+    with a zero run: within the activations' rounding of the exact product."""
+    rng = np.random.default_rng(int(qtype) + rows)
+    cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    raw = random_weights(rng, qtype, 37, cols)
+    w = backend.matrix(raw, qtype, matmul=True)
+    x = _wide_range_activations(rng, 1, cols)
+    y = backend.xp.full((1, 37), np.nan, np.float32)
+    x8 = cuda_matmul.quantize_q8(backend.kernels, backend.xp.asarray(x))
+    cuda_matmul.matvec_q8(backend.kernels, x8, w, y, rows_per_warp=lambda _: rows)
+    if hasattr(backend.kernels, "launched"):
+        assert backend.kernels.launched[-1] == f"matvec_q8_{'' if rows == 1 else f'rows{rows}_'}{cuda_matmul.TYPE_SUFFIX[qtype]}"
+    dense = reference(raw, qtype).astype(np.float64)
+    got, want = host(backend, y).astype(np.float64), x @ dense.T
+    assert np.all(np.abs(got - want) <= int8_product_bound(x, dense))
+
+
+def test_products_sharing_an_input_with_8_bit_activations(backend):
+    """A backend with int8 products: one token's products with matrices of INT8_TYPES take the
+    integer path, each within its bound; other types and several tokens stay float32-exact."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    int8 = CudaBackend(backend.kernels, "int8")
+    rng = np.random.default_rng(8)
+    types = (QType.Q4_K, QType.Q6_K, QType.Q5_K, QType.Q8_0)
+    raws = [random_weights(rng, qtype, 24 + i, 512) for i, qtype in enumerate(types)]
+    ws = [int8.matrix(raw, qtype, matmul=True) for raw, qtype in zip(raws, types)]
+    for n_tok in (1, 3):
+        x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+        launched = len(getattr(int8.kernels, "launched", ()))
+        products = int8.matmuls(int8.xp.asarray(x), ws)
+        if hasattr(int8.kernels, "launched"):  # the emulator's record: x quantized once for all
+            assert int8.kernels.launched[launched:].count("quantize_q8") == (n_tok == 1)
+        for raw, qtype, got in zip(raws, types, products):
+            dense = reference(raw, qtype).astype(np.float64)
+            want, exact = x @ dense.T, np.abs(x) @ np.abs(dense).T
+            bound = int8_product_bound(x, dense) if n_tok == 1 and qtype in cuda_matmul.INT8_TYPES else 1e-5 * exact
+            assert np.all(np.abs(host(int8, got) - want) <= bound), (n_tok, qtype.name)
+
+
+def test_the_products_path_is_checked():
+    from llogos_cli.backends.cuda.cuda_backend import choose_products
+    assert choose_products("float") == "float"
+    with pytest.raises(LlogosError, match="not one of"):
+        choose_products("int4")
+
+
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
 def test_route_and_matmul_experts(backend, qtype):
     """A mixture-of-experts layer's ops: 9 tokens routed to 3 of 6 experts (ties included), through

@@ -1,6 +1,7 @@
 """The CUDA backend: the NumPy backend's operations on device arrays, in hand-written kernels.
 
-Weights are uploaded as their GGUF bytes and decoded inside the kernels; activations are float32;
+Weights are uploaded as their GGUF bytes and decoded inside the kernels; activations are float32
+(one token's products quantize them to 8 bits on the way in, cuda_matmul.INT8_TYPES);
 the KV cache defaults to f16 (f32 and q8_0 on request, like llama.cpp's --cache-type-k/-v).
 Kernels are reached through a provider: cuda_kernels.CudaKernels (CuPy) on a GPU, the CPU
 emulator in the tests.
@@ -11,6 +12,8 @@ captured in a CUDA graph (engine/decode_graph) replays for other rows at later p
 are updated.
 """
 
+import os
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -20,13 +23,25 @@ from llogos_cli.backends.cuda.cuda_attention import KVCache
 from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_matmul import (
     QuantMatrix,
+    INT8_TYPES,
     Scratch,
     get_rows,
     matmul,
+    quantize_q8,
     upload,
 )
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
+
+
+PRODUCTS = ("int8", "float")
+
+
+def choose_products(products: str | None) -> str:
+    products = products or os.environ.get("LLOGOS_CUDA_PRODUCTS") or PRODUCTS[0]
+    if products not in PRODUCTS:
+        raise LlogosError(f"LLOGOS_CUDA_PRODUCTS={products!r} is not one of {', '.join(PRODUCTS)}")
+    return products
 
 
 class CudaBackend:
@@ -35,7 +50,10 @@ class CudaBackend:
     load_threads = 1             # uploads stay on the thread that owns the CUDA context and stream
     default_cache_type = "f16"   # half the memory traffic of f32, as llama.cpp's default
 
-    def __init__(self, kernels=None):
+    def __init__(self, kernels=None, products: str | None = None):
+        """products: "int8" (one token's products with INT8_TYPES multiply 8-bit activations) or
+        "float" (float32 activations throughout); default LLOGOS_CUDA_PRODUCTS, else int8."""
+        self.products = choose_products(products)
         if kernels is None:
             from llogos_cli.backends.cuda.cuda_kernels import CudaKernels
             kernels = CudaKernels()
@@ -104,10 +122,15 @@ class CudaBackend:
         return get_rows(self.kernels, table.raw, table.qtype, self.device_input("ids", ids))
 
     def matmul(self, x, w: QuantMatrix):
-        return matmul(self.kernels, self._c(x), w, self._scratch)
+        return self.matmuls(x, [w])[0]
 
     def matmuls(self, x, ws: list[QuantMatrix]) -> list:
-        return [self.matmul(x, w) for w in ws]
+        """Products sharing x: one token's activations are quantized once for all of them."""
+        x = self._c(x)
+        x8 = None
+        if self.products == "int8" and x.shape[0] == 1 and any(w.qtype in INT8_TYPES for w in ws):
+            x8 = quantize_q8(self.kernels, x)
+        return [matmul(self.kernels, x, w, self._scratch, x8) for w in ws]
 
     def add(self, a, b):
         return cuda_ops.add(self.kernels, self._c(a), self._c(b))

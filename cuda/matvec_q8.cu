@@ -1,0 +1,48 @@
+// y (1, nrows) = x · W (nrows, ncols)ᵀ with x quantized to 8 bits (quantize_q8.cu) and W in one of
+// the types of dot_q8.cuh: the one-token product in integer dot products. As matvec.cu's one-token
+// kernels, lanes walk a row's blocks part by part; matvec_q8_<type> gives a warp one row,
+// matvec_q8_rows2_<type> two, which share the activations' loads.
+#include "common.cuh"
+#include "dot_q8.cuh"
+
+template <class Q, int R>
+__device__ void matvec_q8_rows(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows) {
+    const int row0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) * R;
+    if (row0 >= nrows) return;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int nblocks = ncols / Q::QK;
+    const typename Q::block* blocks[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)  // rows past the end read the last one again and store nothing
+        blocks[r] = (const typename Q::block*)w + (i64)min(row0 + r, nrows - 1) * nblocks;
+
+    float acc[R] = {};
+    for (int i = lane; i < nblocks * Q::PARTS; i += WARP_SIZE) {
+        const int ib = i / Q::PARTS, part = i % Q::PARTS;
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] += Q::dot(blocks[r] + ib, part, xq + ib * Q::QK, xs + ib * (Q::QK / 32));
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float sum = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < nrows) y[row0 + r] = sum;
+    }
+}
+
+#define MATVEC_Q8(type)                                                                                       \
+    extern "C" __global__ void matvec_q8_##type(const u8* __restrict__ w, const i8* __restrict__ xq,           \
+                                                const float2* __restrict__ xs, float* __restrict__ y, int ncols, \
+                                                int nrows) {                                                  \
+        matvec_q8_rows<type##_q8, 1>(w, xq, xs, y, ncols, nrows);                                             \
+    }                                                                                                         \
+    extern "C" __global__ void matvec_q8_rows2_##type(const u8* __restrict__ w, const i8* __restrict__ xq,     \
+                                                      const float2* __restrict__ xs, float* __restrict__ y,     \
+                                                      int ncols, int nrows) {                                 \
+        matvec_q8_rows<type##_q8, 2>(w, xq, xs, y, ncols, nrows);                                             \
+    }
+
+MATVEC_Q8(q8_0)
+MATVEC_Q8(q4_0)
+MATVEC_Q8(q4_1)
+MATVEC_Q8(q4_K)
+MATVEC_Q8(q6_K)
