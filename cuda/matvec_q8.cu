@@ -1,9 +1,14 @@
-// y (1, nrows) = x · W (nrows, ncols)ᵀ with x quantized to 8 bits (quantize_q8.cu) and W in one of
-// the types of dot_q8.cuh: the one-token product in integer dot products. As matvec.cu's one-token
-// kernels, lanes walk a row's blocks part by part; matvec_q8_<type> gives a warp one row,
-// matvec_q8_rows2_<type> two, which share the activations' loads.
+// y (ntok, nrows) = x · W (nrows, ncols)ᵀ with x quantized to 8 bits (quantize_q8.cu) and W in one
+// of the types of dot_q8.cuh: the few-token products in integer dot products. As in matvec.cu,
+// lanes walk a row's blocks part by part. One token: matvec_q8_<type> gives a warp one row,
+// matvec_q8_rows2_<type> two, which share the activations' loads. Up to MATVEC_MAX_TOKENS:
+// matvec_q8_batch_<type>, one row a warp, each part dotted with every token's activations. Each
+// token's sum runs in the same order in all three, so a token's product does not depend on the
+// tokens beside it.
 #include "common.cuh"
 #include "dot_q8.cuh"
+
+#define MATVEC_MAX_TOKENS 8
 
 template <class Q, int R>
 __device__ void matvec_q8_rows(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows) {
@@ -29,6 +34,31 @@ __device__ void matvec_q8_rows(const u8* w, const i8* xq, const float2* xs, floa
     }
 }
 
+template <class Q, int NT>
+__device__ void matvec_q8_tokens(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows, int ntok) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= nrows) return;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int nblocks = ncols / Q::QK;
+    const typename Q::block* blocks = (const typename Q::block*)w + (i64)row * nblocks;
+
+    float acc[NT] = {};
+    for (int i = lane; i < nblocks * Q::PARTS; i += WARP_SIZE) {
+        const int ib = i / Q::PARTS, part = i % Q::PARTS;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= ntok) break;
+            acc[t] += Q::dot(blocks + ib, part, xq + (i64)t * ncols + ib * Q::QK, xs + (i64)t * (ncols / 32) + ib * (Q::QK / 32));
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= ntok) break;
+        const float sum = warp_sum(acc[t]);
+        if (lane == 0) y[(i64)t * nrows + row] = sum;
+    }
+}
+
 #define MATVEC_Q8(type)                                                                                       \
     extern "C" __global__ void matvec_q8_##type(const u8* __restrict__ w, const i8* __restrict__ xq,           \
                                                 const float2* __restrict__ xs, float* __restrict__ y, int ncols, \
@@ -39,6 +69,11 @@ __device__ void matvec_q8_rows(const u8* w, const i8* xq, const float2* xs, floa
                                                       const float2* __restrict__ xs, float* __restrict__ y,     \
                                                       int ncols, int nrows) {                                 \
         matvec_q8_rows<type##_q8, 2>(w, xq, xs, y, ncols, nrows);                                             \
+    }                                                                                                         \
+    extern "C" __global__ void matvec_q8_batch_##type(const u8* __restrict__ w, const i8* __restrict__ xq,     \
+                                                      const float2* __restrict__ xs, float* __restrict__ y,     \
+                                                      int ncols, int nrows, int ntok) {                       \
+        matvec_q8_tokens<type##_q8, MATVEC_MAX_TOKENS>(w, xq, xs, y, ncols, nrows, ntok);                     \
     }
 
 MATVEC_Q8(q8_0)

@@ -163,25 +163,50 @@ def test_one_token_products_with_8_bit_activations(backend, qtype, rows):
     assert np.all(np.abs(got - want) <= int8_product_bound(x, dense))
 
 
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.INT8_TYPES, key=int), ids=lambda t: t.name)
+def test_a_token_s_8_bit_product_does_not_depend_on_the_tokens_beside_it(backend, qtype):
+    """Bit for bit, one token alone (1 or 2 rows a warp) and among up to MATVEC_MAX_TOKENS of
+    matvec_q8_batch: the engine's rows give what they give alone. Each within the bound too."""
+    rng = np.random.default_rng(int(qtype) + 30)
+    cols = 512 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    raw = random_weights(rng, qtype, 37, cols)
+    w = backend.matrix(raw, qtype, matmul=True)
+    x = _wide_range_activations(rng, cuda_matmul.MATVEC_MAX_TOKENS, cols)
+    xq, xs = cuda_matmul.quantize_q8(backend.kernels, backend.xp.asarray(x))
+    together = backend.xp.empty((x.shape[0], 37), np.float32)
+    cuda_matmul.matvec_q8(backend.kernels, (xq, xs), w, together)
+    if hasattr(backend.kernels, "launched"):
+        assert backend.kernels.launched[-1] == f"matvec_q8_batch_{cuda_matmul.TYPE_SUFFIX[qtype]}"
+    together = host(backend, together)
+    dense = reference(raw, qtype).astype(np.float64)
+    assert np.all(np.abs(together - x @ dense.T) <= int8_product_bound(x, dense))
+    for t in (0, 3, x.shape[0] - 1):
+        for rows in (1, 2):
+            alone = backend.xp.empty((1, 37), np.float32)
+            cuda_matmul.matvec_q8(backend.kernels, (xq[t:t + 1], xs[t:t + 1]), w, alone, rows_per_warp=lambda _: rows)
+            np.testing.assert_array_equal(host(backend, alone)[0], together[t])
+
+
 def test_products_sharing_an_input_with_8_bit_activations(backend):
-    """A backend with int8 products: one token's products with matrices of INT8_TYPES take the
-    integer path, each within its bound; other types and several tokens stay float32-exact."""
+    """A backend with int8 products: below GEMM_MIN_TOKENS, products with matrices of INT8_TYPES
+    take the integer path (in chunks of MATVEC_MAX_TOKENS), each within its bound, with x quantized
+    once for all; other types stay float32-exact."""
     from llogos_cli.backends.cuda.cuda_backend import CudaBackend
     int8 = CudaBackend(backend.kernels, "int8")
     rng = np.random.default_rng(8)
     types = (QType.Q4_K, QType.Q6_K, QType.Q5_K, QType.Q8_0)
     raws = [random_weights(rng, qtype, 24 + i, 512) for i, qtype in enumerate(types)]
     ws = [int8.matrix(raw, qtype, matmul=True) for raw, qtype in zip(raws, types)]
-    for n_tok in (1, 3):
+    for n_tok in (1, 3, cuda_matmul.MATVEC_MAX_TOKENS + 3):
         x = rng.standard_normal((n_tok, 512)).astype(np.float32)
         launched = len(getattr(int8.kernels, "launched", ()))
         products = int8.matmuls(int8.xp.asarray(x), ws)
         if hasattr(int8.kernels, "launched"):  # the emulator's record: x quantized once for all
-            assert int8.kernels.launched[launched:].count("quantize_q8") == (n_tok == 1)
+            assert int8.kernels.launched[launched:].count("quantize_q8") == 1
         for raw, qtype, got in zip(raws, types, products):
             dense = reference(raw, qtype).astype(np.float64)
             want, exact = x @ dense.T, np.abs(x) @ np.abs(dense).T
-            bound = int8_product_bound(x, dense) if n_tok == 1 and qtype in cuda_matmul.INT8_TYPES else 1e-5 * exact
+            bound = int8_product_bound(x, dense) if qtype in cuda_matmul.INT8_TYPES else 1e-5 * exact
             assert np.all(np.abs(host(int8, got) - want) <= bound), (n_tok, qtype.name)
 
 

@@ -1,7 +1,7 @@
 """The CUDA backend: the NumPy backend's operations on device arrays, in hand-written kernels.
 
 Weights are uploaded as their GGUF bytes and decoded inside the kernels; activations are float32
-(one token's products quantize them to 8 bits on the way in, cuda_matmul.INT8_TYPES);
+(few-token products quantize them to 8 bits on the way in, cuda_matmul.INT8_TYPES);
 the KV cache defaults to f16 (f32 and q8_0 on request, like llama.cpp's --cache-type-k/-v).
 Kernels are reached through a provider: cuda_kernels.CudaKernels (CuPy) on a GPU, the CPU
 emulator in the tests.
@@ -23,6 +23,7 @@ from llogos_cli.backends.cuda.cuda_attention import KVCache
 from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_matmul import (
     QuantMatrix,
+    GEMM_MIN_TOKENS,
     INT8_TYPES,
     Scratch,
     get_rows,
@@ -51,7 +52,7 @@ class CudaBackend:
     default_cache_type = "f16"   # half the memory traffic of f32, as llama.cpp's default
 
     def __init__(self, kernels=None, products: str | None = None):
-        """products: "int8" (one token's products with INT8_TYPES multiply 8-bit activations) or
+        """products: "int8" (a few tokens' products with INT8_TYPES multiply 8-bit activations) or
         "float" (float32 activations throughout); default LLOGOS_CUDA_PRODUCTS, else int8."""
         self.products = choose_products(products)
         if kernels is None:
@@ -125,10 +126,10 @@ class CudaBackend:
         return self.matmuls(x, [w])[0]
 
     def matmuls(self, x, ws: list[QuantMatrix]) -> list:
-        """Products sharing x: one token's activations are quantized once for all of them."""
+        """Products sharing x: a few tokens' activations are quantized once for all of them."""
         x = self._c(x)
         x8 = None
-        if self.products == "int8" and x.shape[0] == 1 and any(w.qtype in INT8_TYPES for w in ws):
+        if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and any(w.qtype in INT8_TYPES for w in ws):
             x8 = quantize_q8(self.kernels, x)
         return [matmul(self.kernels, x, w, self._scratch, x8) for w in ws]
 

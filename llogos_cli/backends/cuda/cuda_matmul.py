@@ -4,7 +4,7 @@ Weights stay on the GPU as the GGUF bytes. A product x (T, in) · W (out, in)ᵀ
 paths: for few tokens, matrix-vector kernels that decode each weight once per 8 tokens
 (memory-bound, like decode itself); for many, W is dequantized to float16 in row chunks and
 multiplied on tensor cores, which costs ~4.5 bytes of traffic per weight instead of ~0.6 but
-serves every token at once. One token's products with the common types can instead take its
+serves every token at once. Below that, products with the common types can instead take the
 activations quantized to 8 bits (quantize_q8) and multiply in integer dot products
 (matvec_q8.cu, as llama.cpp's mmvq): a quarter of the activation traffic, at the cost of the
 activations' rounding (half a step of max |x| / 127 per run of 32).
@@ -27,7 +27,7 @@ MATVEC_WARPS = 4         # warps per matvec thread block
 # rows or more: their activation loads, not their weights', bound them (PERF.md, CUDA on an H100).
 MATVEC_ROWS2_TYPES = frozenset({QType.Q4_K, QType.Q8_0})
 MATVEC_ROWS2_MIN = 4096
-# One-token products of these types can multiply 8-bit activations (matvec_q8.cu, dot_q8.cuh).
+# Few-token products of these types can multiply 8-bit activations (matvec_q8.cu, dot_q8.cuh).
 INT8_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
 Q8_RUN = 32              # activations quantized per run of this many, each with its step and sum
 # From this many tokens on, one f16 GEMM beats re-reading the quantized weights every 8 tokens.
@@ -83,14 +83,16 @@ def upload(xp, raw: np.ndarray, qtype: QType, in_products: bool) -> QuantMatrix:
 
 
 def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None):
-    """x (T, in) float32 · W (out, in)ᵀ -> (T, out) float32; one token's product with a matrix of
-    INT8_TYPES multiplies x8 (quantize_q8(k, x)) instead where given."""
+    """x (T, in) float32 · W (out, in)ᵀ -> (T, out) float32; below GEMM_MIN_TOKENS, products with a
+    matrix of INT8_TYPES multiply x8 (quantize_q8(k, x)) instead where given."""
     check(x, np.float32, "x")
     n_tok = x.shape[0]
     assert x.shape[1] == w.cols, f"x has {x.shape[1]} features, the matrix {w.cols}"
     y = k.xp.empty((n_tok, w.rows), np.float32)
-    if x8 is not None and n_tok == 1 and w.qtype in INT8_TYPES:
-        matvec_q8(k, x8, w, y)
+    if x8 is not None and n_tok < GEMM_MIN_TOKENS and w.qtype in INT8_TYPES:
+        for t0 in range(0, n_tok, MATVEC_MAX_TOKENS):
+            t1 = t0 + MATVEC_MAX_TOKENS
+            matvec_q8(k, (x8[0][t0:t1], x8[1][t0:t1]), w, y[t0:t1])
         return y
     if n_tok < GEMM_MIN_TOKENS:
         for t0 in range(0, n_tok, MATVEC_MAX_TOKENS):
@@ -140,16 +142,20 @@ def quantize_q8(k, x) -> tuple:
 
 
 def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
-    """y (1, out) = x · Wᵀ for W of INT8_TYPES, x given as quantize_q8 made it."""
+    """y (T, out) = x · Wᵀ for T <= MATVEC_MAX_TOKENS and W of INT8_TYPES, x as quantize_q8 made it."""
     xq, xs = x8
     check(xq, np.int8, "xq")
     check(xs, np.float32, "xs")
     check(y, np.float32, "y")
-    assert w.qtype in INT8_TYPES and xq.shape == (1, w.cols) and y.shape == (1, w.rows)
-    rows = rows_per_warp(w)
-    name = "matvec_q8_" if rows == 1 else f"matvec_q8_rows{rows}_"
-    k.function("matvec_q8", name + TYPE_SUFFIX[w.qtype])(
-        (cdiv(w.rows, MATVEC_WARPS * rows),), (MATVEC_WARPS * 32,), (w.raw, xq, xs, y, np.int32(w.cols), np.int32(w.rows)))
+    n_tok = xq.shape[0]
+    assert w.qtype in INT8_TYPES and 0 < n_tok <= MATVEC_MAX_TOKENS and xq.shape[1] == w.cols and y.shape == (n_tok, w.rows)
+    args, block = (w.raw, xq, xs, y, np.int32(w.cols), np.int32(w.rows)), (MATVEC_WARPS * 32,)
+    if n_tok == 1:
+        rows = rows_per_warp(w)
+        name = "matvec_q8_" if rows == 1 else f"matvec_q8_rows{rows}_"
+        k.function("matvec_q8", name + TYPE_SUFFIX[w.qtype])((cdiv(w.rows, MATVEC_WARPS * rows),), block, args)
+    else:
+        k.function("matvec_q8", f"matvec_q8_batch_{TYPE_SUFFIX[w.qtype]}")((cdiv(w.rows, MATVEC_WARPS),), block, (*args, np.int32(n_tok)))
 
 
 def dequantize(k, raw, qtype: QType, out) -> None:
