@@ -82,12 +82,14 @@ def test_batched_steps_match_the_cpu_backend(backend, name):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-gemma3-q8_0", "tiny-lfm2-q8_0", "tiny-qwen3moe-q8_0"])
-def test_decoding_with_8_bit_activations(backend, name):
+def test_decoding_with_8_bit_activations(backend, name, monkeypatch):
     """Few-token products on 8-bit activations (the default): each product is off by up to half a
     step of its runs' max / 127 (op_suite's int8_product_bound), and through the layers of these
     random-weight models the logits land 1-5% of their range from float32's (measured); a wrong
-    scale or sum would be off by the whole range."""
+    scale or sum would be off by the whole range. (These tiny matrices would stay float32 under
+    INT8_MIN_BYTES: the threshold goes to 0.)"""
     from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
     f = GGUFFile(REPO_FIXTURES / f"{name}.gguf" if name in FAMILY_MODELS else need(FIXTURES / f"{name}.gguf"))
     cpu, gpu = Model(f, NumpyBackend()), Model(f, CudaBackend(backend.kernels, "int8"))
     ids = np.random.default_rng(4).integers(0, cpu.cfg.n_vocab, 22)

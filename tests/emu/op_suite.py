@@ -187,26 +187,30 @@ def test_a_token_s_8_bit_product_does_not_depend_on_the_tokens_beside_it(backend
             np.testing.assert_array_equal(host(backend, alone)[0], together[t])
 
 
-def test_products_sharing_an_input_with_8_bit_activations(backend):
+@pytest.mark.parametrize("big", [True, False])
+def test_products_sharing_an_input_with_8_bit_activations(backend, big, monkeypatch):
     """A backend with int8 products: below GEMM_MIN_TOKENS, products with matrices of INT8_TYPES
     take the integer path (in chunks of MATVEC_MAX_TOKENS), each within its bound, with x quantized
-    once for all; other types stay float32-exact."""
+    once for all; other types stay float32-exact. Unless none of the matrices is INT8_MIN_BYTES
+    big: then all stay float32-exact (here the threshold moves, not the matrices)."""
     from llogos_cli.backends.cuda.cuda_backend import CudaBackend
     int8 = CudaBackend(backend.kernels, "int8")
     rng = np.random.default_rng(8)
     types = (QType.Q4_K, QType.Q6_K, QType.Q5_K, QType.Q8_0)
     raws = [random_weights(rng, qtype, 24 + i, 512) for i, qtype in enumerate(types)]
     ws = [int8.matrix(raw, qtype, matmul=True) for raw, qtype in zip(raws, types)]
+    biggest = max(raw.nbytes for raw in raws)
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", biggest if big else biggest + 1)
     for n_tok in (1, 3, cuda_matmul.MATVEC_MAX_TOKENS + 3):
         x = rng.standard_normal((n_tok, 512)).astype(np.float32)
         launched = len(getattr(int8.kernels, "launched", ()))
         products = int8.matmuls(int8.xp.asarray(x), ws)
         if hasattr(int8.kernels, "launched"):  # the emulator's record: x quantized once for all
-            assert int8.kernels.launched[launched:].count("quantize_q8") == 1
+            assert int8.kernels.launched[launched:].count("quantize_q8") == big
         for raw, qtype, got in zip(raws, types, products):
             dense = reference(raw, qtype).astype(np.float64)
             want, exact = x @ dense.T, np.abs(x) @ np.abs(dense).T
-            bound = int8_product_bound(x, dense) if qtype in cuda_matmul.INT8_TYPES else 1e-5 * exact
+            bound = int8_product_bound(x, dense) if big and qtype in cuda_matmul.INT8_TYPES else 1e-5 * exact
             assert np.all(np.abs(host(int8, got) - want) <= bound), (n_tok, qtype.name)
 
 

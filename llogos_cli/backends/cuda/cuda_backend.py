@@ -1,7 +1,7 @@
 """The CUDA backend: the NumPy backend's operations on device arrays, in hand-written kernels.
 
 Weights are uploaded as their GGUF bytes and decoded inside the kernels; activations are float32
-(few-token products quantize them to 8 bits on the way in, cuda_matmul.INT8_TYPES);
+(few-token products with big matrices quantize them to 8 bits on the way in, cuda_matmul.int8_pays);
 the KV cache defaults to f16 (f32 and q8_0 on request, like llama.cpp's --cache-type-k/-v).
 Kernels are reached through a provider: cuda_kernels.CudaKernels (CuPy) on a GPU, the CPU
 emulator in the tests.
@@ -24,9 +24,9 @@ from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_matmul import (
     QuantMatrix,
     GEMM_MIN_TOKENS,
-    INT8_TYPES,
     Scratch,
     get_rows,
+    int8_pays,
     matmul,
     quantize_q8,
     upload,
@@ -129,7 +129,7 @@ class CudaBackend:
         """Products sharing x: a few tokens' activations are quantized once for all of them."""
         x = self._c(x)
         x8 = None
-        if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and any(w.qtype in INT8_TYPES for w in ws):
+        if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and int8_pays(ws):
             x8 = quantize_q8(self.kernels, x)
         return [matmul(self.kernels, x, w, self._scratch, x8) for w in ws]
 

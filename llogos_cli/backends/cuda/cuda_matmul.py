@@ -30,6 +30,9 @@ MATVEC_ROWS2_MIN = 4096
 # Few-token products of these types can multiply 8-bit activations (matvec_q8.cu, dot_q8.cuh).
 INT8_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
 Q8_RUN = 32              # activations quantized per run of this many, each with its step and sum
+# Products that share an input take 8-bit activations only when one of their matrices is this
+# big: below, launch latency bounds them and quantizing costs a launch for nothing (PERF.md, CUDA).
+INT8_MIN_BYTES = 1 << 20
 # From this many tokens on, one f16 GEMM beats re-reading the quantized weights every 8 tokens.
 GEMM_MIN_TOKENS = 32
 SCRATCH_ELEMENTS = 1 << 25  # f16 dequantization buffer (64 MiB): bigger matrices go in row chunks
@@ -128,6 +131,11 @@ def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
         k.function("matvec", name + TYPE_SUFFIX[w.qtype])((cdiv(w.rows, MATVEC_WARPS * rows),), block, args)
     else:
         k.function("matvec", f"matvec_batch_{TYPE_SUFFIX[w.qtype]}")((cdiv(w.rows, MATVEC_WARPS),), block, (*args, np.int32(n_tok)))
+
+
+def int8_pays(ws: list[QuantMatrix]) -> bool:
+    """Whether products sharing an input are worth quantizing it for (INT8_MIN_BYTES)."""
+    return any(w.qtype in INT8_TYPES for w in ws) and max(w.raw.nbytes for w in ws) >= INT8_MIN_BYTES
 
 
 def quantize_q8(k, x) -> tuple:
