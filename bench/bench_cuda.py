@@ -141,7 +141,7 @@ def bench_products(bandwidth: float, tokens: tuple[int, ...] = (1, 4, 8), shapes
                 # The first round of the copies compiles and warms up.
                 ms = median_gpu_ms(launch, reps, warmup=len(copies))
                 gb_s = first.raw.nbytes / ms / 1e6
-                chosen = n > 1 or (per_warp == cuda_matmul.rows_per_warp(first)
+                chosen = n > 1 or (per_warp == cuda_matmul.rows_per_warp(first, activations)
                                    and activations == (b.products if int8 else "float"))
                 out.append({"type": qtype.name, "rows": rows, "cols": cols, "tokens": n, "rows_per_warp": per_warp,
                             "activations": activations, "chosen": chosen,

@@ -214,6 +214,25 @@ def test_products_sharing_an_input_with_8_bit_activations(backend, big, monkeypa
             assert np.all(np.abs(host(int8, got) - want) <= bound), (n_tok, qtype.name)
 
 
+@pytest.mark.parametrize("rows", [(64, 16, 16), (64, 18, 16)], ids=["joined", "not-aligned"])
+def test_products_loaded_together(backend, rows):
+    """q, k and v loaded with matrices(): one token's products in one launch, each matrix's output
+    bit for bit its own product's; more tokens, or a matrix whose first row would leave the
+    output's 16-byte alignment, one launch each."""
+    rng = np.random.default_rng(12)
+    raws = [random_weights(rng, QType.Q4_K, n, 256) for n in rows]
+    ws, alone = backend.matrices(raws, QType.Q4_K), [backend.matrix(raw, QType.Q4_K, matmul=True) for raw in raws]
+    joined = all(n % 4 == 0 for n in rows)
+    for n_tok in (1, 3):
+        x = backend.xp.asarray(rng.standard_normal((n_tok, 256)).astype(np.float32))
+        launched = len(getattr(backend.kernels, "launched", ()))
+        got = backend.matmuls(x, ws)
+        if hasattr(backend.kernels, "launched"):
+            assert len(backend.kernels.launched) - launched == (1 if joined and n_tok == 1 else 3)
+        for y, w in zip(got, alone):
+            np.testing.assert_array_equal(host(backend, y), host(backend, backend.matmul(x, w)))
+
+
 def test_the_products_path_is_checked():
     from llogos_cli.backends.cuda.cuda_backend import choose_products
     assert choose_products("float") == "float"

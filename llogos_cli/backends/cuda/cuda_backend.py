@@ -12,6 +12,7 @@ captured in a CUDA graph (engine/decode_graph) replays for other rows at later p
 are updated.
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -62,6 +63,7 @@ class CudaBackend:
         self._scratch = Scratch(self.xp)
         self._inputs: dict[str, tuple[np.ndarray, object]] = {}  # name -> (host copy, device buffer)
         self._ones: dict[int, object] = {}                       # rope factors of models without any
+        self._joined: dict[tuple, tuple[QuantMatrix, list[int]]] = {}  # matrices() by their ids: (joined, first rows)
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType):
@@ -73,8 +75,17 @@ class CudaBackend:
         return upload(self.xp, raw, qtype, matmul)  # products and lookups both read the quantized bytes
 
     def matrices(self, raws: list[np.ndarray], qtype: GGMLQuantizationType) -> list:
-        """Products that share an input stay one launch each here: each matrix on its own."""
-        return [self.matrix(raw, qtype, matmul=True) for raw in raws]
+        """Matrices whose products share an input (q, k and v; gate and up), uploaded as one whose
+        rows each returned matrix views: one launch for them all in a one-token step (matmuls).
+        Joined where each matrix's first row is 16-byte aligned in the output (rows a multiple of 4)."""
+        firsts = np.cumsum([0] + [raw.shape[0] for raw in raws]).tolist()
+        if (quants.row_elements(raws[0], qtype) < MIN_PRODUCT_ROW or len({raw.shape[1] for raw in raws}) > 1
+                or any(first % 4 for first in firsts)):
+            return [self.matrix(raw, qtype, matmul=True) for raw in raws]
+        joined = upload(self.xp, np.concatenate(raws), qtype, True)
+        ms = [dataclasses.replace(joined, raw=joined.raw[a:b], rows=b - a) for a, b in zip(firsts, firsts[1:])]
+        self._joined[tuple(map(id, ms))] = (joined, firsts)
+        return ms
 
     def warm_up(self, product_types: set) -> None:
         """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
@@ -131,6 +142,11 @@ class CudaBackend:
         x8 = None
         if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and int8_pays(ws):
             x8 = quantize_q8(self.kernels, x)
+        joined = self._joined.get(tuple(map(id, ws))) if x.shape[0] == 1 else None
+        if joined is not None:   # one row: each matrix's columns of the joined product are contiguous
+            w, firsts = joined
+            y = matmul(self.kernels, x, w, self._scratch, x8)
+            return [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
         return [matmul(self.kernels, x, w, self._scratch, x8) for w in ws]
 
     def add(self, a, b):

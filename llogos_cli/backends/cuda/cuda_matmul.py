@@ -23,9 +23,10 @@ from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 8    # activation rows one matvec launch takes (MATVEC_MAX_TOKENS in matvec.cu)
 MATVEC_WARPS = 4         # warps per matvec thread block
-# One-token products of these types give each warp two rows (matvec.cu) on matrices of this many
-# rows or more: their activation loads, not their weights', bound them (PERF.md, CUDA on an H100).
-MATVEC_ROWS2_TYPES = frozenset({QType.Q4_K, QType.Q8_0})
+# One-token products of these types give each warp two rows on matrices of this many rows or more,
+# per activations: float32 (matvec.cu), whose activation loads bound Q4_K and Q8_0, and 8-bit
+# (matvec_q8.cu), where two rows gain only for Q4_0 and Q6_K (PERF.md, CUDA on an H100, an H200).
+MATVEC_ROWS2_TYPES = {"float": frozenset({QType.Q4_K, QType.Q8_0}), "int8": frozenset({QType.Q4_0, QType.Q6_K})}
 MATVEC_ROWS2_MIN = 4096
 # Few-token products of these types can multiply 8-bit activations (matvec_q8.cu, dot_q8.cuh).
 INT8_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
@@ -112,9 +113,13 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None):
     return y
 
 
-def rows_per_warp(w: QuantMatrix) -> int:
+def rows_per_warp(w: QuantMatrix, activations: str = "float") -> int:
     """Output rows each warp of a one-token product with w takes (see MATVEC_ROWS2_TYPES)."""
-    return 2 if w.qtype in MATVEC_ROWS2_TYPES and w.rows >= MATVEC_ROWS2_MIN else 1
+    return 2 if w.qtype in MATVEC_ROWS2_TYPES[activations] and w.rows >= MATVEC_ROWS2_MIN else 1
+
+
+def rows_per_warp_q8(w: QuantMatrix) -> int:
+    return rows_per_warp(w, "int8")
 
 
 def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
@@ -149,7 +154,7 @@ def quantize_q8(k, x) -> tuple:
     return xq, xs
 
 
-def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
+def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp_q8) -> None:
     """y (T, out) = x · Wᵀ for T <= MATVEC_MAX_TOKENS and W of INT8_TYPES, x as quantize_q8 made it."""
     xq, xs = x8
     check(xq, np.int8, "xq")
