@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 import pytest
+from gguf import GGMLQuantizationType
 
+from llogos_cli.backends.cpu.cpu_quant_int8 import packed_bytes
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model import forward, loader, memory
@@ -39,9 +41,24 @@ def test_estimate_holds_one_context_whatever_the_slots_and_grows_with_float32_we
     assert memory.need(f, cfg, "cuda", 512, "f16", "f16", n_slots=16).kv_cache == memory.need(
         f, cfg, "cuda", 512, "f16", "f16").kv_cache
     f32 = memory.need(f, cfg, "f32", 512, "f32", "f32")
-    # matrices in products take 4 bytes a weight instead of q8_0's 34 per 32; token_embd, only looked up, stays
+    # matrices in products take 4 bytes a weight instead of q8_0's tiles; token_embd, only looked up, stays
     expanded = [t for name, t in f.tensors.items() if len(t.shape) == 2 and name != "token_embd.weight"]
-    assert f32.weights - one.weights == sum(4 * t.shape[0] * t.shape[1] - t.nbytes for t in expanded)
+    assert f32.weights - one.weights == sum(4 * t.shape[0] * t.shape[1] - packed_bytes(t.ggml_type, t.nbytes) for t in expanded)
+
+
+def test_quantized_estimate_is_what_the_cpu_holds(tiny):
+    """The matrices in products as their integer products tile them (more bytes than the file's for
+    some types), the rest as the file has them: the estimate is within the last tiles' padding."""
+    f, cfg = tiny
+    model = loader.load(str(TINY), "cpu", "quantized").model
+    held = sum(w.nbytes for w in model.w.values())   # the products' blocks, the vectors as float32
+    lookups = sum(f.tensors[name].nbytes for name, w in model.w.items() if hasattr(w, "in_products") and not w.in_products)
+    estimate = memory.need(f, cfg, "quantized", 64, "f32", "f32").weights
+    assert held + lookups <= estimate <= (held + lookups) * 1.01
+    # Q3_K's three-bit quants take nibbles and its scales a byte each once tiled: 146 bytes a block for 110
+    assert packed_bytes(GGMLQuantizationType.Q3_K, 110 * 1000) == 146 * 1000
+    assert packed_bytes(GGMLQuantizationType.Q4_K, 144 * 1000) == 148 * 1000
+    assert packed_bytes(GGMLQuantizationType.IQ4_XS, 136 * 1000) == 136 * 1000   # not tiled: read in place
 
 
 def test_model_that_does_not_fit_is_refused_before_loading(tiny, monkeypatch):

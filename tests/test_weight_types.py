@@ -14,7 +14,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from bench.synthetic_gguf import random_rows
-from llogos_cli.backends.cpu import cpu_quant_dequant
+from llogos_cli.backends.cpu import cpu_quant_dequant, cpu_quant_int8
+from llogos_cli.backends.cpu.cpu_simd_int8 import host_isa
 from llogos_cli.backends.cuda import cuda_matmul
 from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 from llogos_cli.backends.cuda.cuda_kernels import TYPE_SUFFIX
@@ -158,24 +159,38 @@ def _prompt(n_vocab: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", NEW_TYPES, **_ids)
-def test_cpu_quantized_path_matches_float32_model(models, qtype):
+def test_cpu_quantized_path_matches_float32_model(models, qtype, monkeypatch):
     """20 tokens at once and then 3 one at a time, from the blocks (loaded as a user loads a file)
-    and from gguf's float32 decoding of them."""
+    with float32 activations (LLOGOS_CPU_ISA=float) and from gguf's float32 decoding of them; the
+    types with integer products (cpu_quant_int8.TYPES) also with those (8-bit activations, the
+    default), where every decisive choice of the next token (a lead of 0.5 or more) stays."""
     path, dense_path = models[qtype]
-    loaded = load(str(path), backend="cpu", cpu_weights="quantized", n_ctx=64)
-    assert {info.ggml_type for info in loaded.source.file.tensors.values() if len(info.shape) == 2} == {qtype}
-    quantized, dense = loaded.model, Model(GGUFFile(dense_path), NumpyBackend("f32"))
+    dense = Model(GGUFFile(dense_path), NumpyBackend("f32"))
     ids = _prompt(dense.cfg.n_vocab)
     want = dense.forward_seq(dense.new_context(64), ids, all_logits=True)
-    ctx = quantized.new_context(64)
-    got = quantized.forward_seq(ctx, ids[:17], all_logits=True)
-    steps = [quantized.forward_seq(ctx, ids[i:i + 1]) for i in range(17, 20)]
-    assert relative_error(np.concatenate([got, *steps]), want) < 1e-4
     assert np.abs(want).max() > 0.1 and want.std(axis=-1).min() > 0.01   # logits that say something
+    for isa in ("float", None) if qtype in cpu_quant_int8.TYPES and host_isa() else ("float",):
+        if isa:
+            monkeypatch.setenv("LLOGOS_CPU_ISA", isa)
+        else:
+            monkeypatch.delenv("LLOGOS_CPU_ISA", raising=False)
+        loaded = load(str(path), backend="cpu", cpu_weights="quantized", n_ctx=64)
+        assert {info.ggml_type for info in loaded.source.file.tensors.values() if len(info.shape) == 2} == {qtype}
+        ctx = loaded.model.new_context(64)
+        got = loaded.model.forward_seq(ctx, ids[:17], all_logits=True)
+        got = np.concatenate([got, *(loaded.model.forward_seq(ctx, ids[i:i + 1]) for i in range(17, 20))])
+        if isa:
+            assert relative_error(got, want) < 1e-4
+        else:
+            top2 = np.sort(want, axis=-1)[:, -2:]
+            decisive = top2[:, 1] - top2[:, 0] >= 0.5
+            assert decisive.any() and (got.argmax(-1) == want.argmax(-1))[decisive].all()
+            assert "integer products" in loaded.memory
 
 
 def test_auto_expands_the_new_types_for_a_small_model(models):
-    """No CPU kernel multiplies these types in their blocks yet: auto holds a small model as float32."""
+    """No float32 dot kernel multiplies these types in their blocks (Q3_K has integer products only
+    where the CPU has AVX2 or VNNI): auto holds a small model as float32."""
     loaded = load(str(models[QType.Q3_K][0]), backend="cpu", n_ctx=64)
     assert "cpu weights f32" in loaded.memory
 

@@ -132,7 +132,8 @@ class QuantMatmul:
         if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.TYPES:   # types the integer products do not take
             self._tiled(np.zeros((DOT_MAX_TOKENS + 1, 32), np.float32), plain, QType.Q8_0, 1, 32)
             cpu_rows.warm_up()
-        if qtypes - CPU_DOT_TYPES:   # no dot kernel (nor integer one): decode steps' products decode rows
+        if qtypes - CPU_DOT_TYPES - (cpu_quant_int8.TYPES if self.isa in ISA_ARG else frozenset()):
+            # no dot kernel (nor integer one): decode steps' products decode rows
             self._matvec_rows(np.zeros((1, 32), np.float32), plain, QType.Q8_0)
 
     def pack(self, raw: np.ndarray, qtype: QType) -> np.ndarray:

@@ -5,7 +5,7 @@ Each product quantizes its activations once, in one of two forms, both one byte 
 - for the plain 32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), llama.cpp's Q8_0 / Q8_1: blocks
   of 32 with dx = max|x| / 127 and xq = round(x / dx), within dx / 2 of x, and xsum = Σ xq, in
   element order (quantize_blocks);
-- for the K types (Q4_K, Q5_K, Q6_K), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
+- for the K types (Q3_K, Q4_K, Q5_K, Q6_K), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
   each 16. One scale per 256 lets a block's eight sub-block products add up in integers, each times
   its integer scale, before one conversion to float.
 The matrices' rows are repacked at load (packed_rows): the plain types' tiled, TILE rows side by
@@ -30,19 +30,19 @@ BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
 K_SUM = 16         # elements of each of a K block's sums
 PLAIN_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1})
-K_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K})
+K_TYPES = frozenset({QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K})
 TYPES = PLAIN_TYPES | K_TYPES
 TOKENS = 4   # tokens a row is multiplied with at once, its blocks decoded once for them
 WIDE = 8     # ... and in prompts, while that many are left: the blocks decoded once for twice the tokens
 MATRICES = 4   # products one call runs together (sharing an input), padded to this many
 _q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (tile_dot8(n, 1) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
 _q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (tile_dot8(n, TOKENS) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
-_q4_k, _q5_k, _q6_k = (k_tile_dot8(n, 1) for n in ("q4_k", "q5_k", "q6_k"))
-_q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q4_k", "q5_k", "q6_k"))
+_q3_k, _q4_k, _q5_k, _q6_k = (k_tile_dot8(n, 1) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
+_q3_k4, _q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
 _q8_08, _q4_08, _q4_18, _q5_08, _q5_18 = (tile_dot8(n, WIDE) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
-_q4_k8, _q5_k8, _q6_k8 = (k_tile_dot8(n, WIDE) for n in ("q4_k", "q5_k", "q6_k"))
+_q3_k8, _q4_k8, _q5_k8, _q6_k8 = (k_tile_dot8(n, WIDE) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
-_Q4_K, _Q5_K, _Q6_K = int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
+_Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QType.Q3_K), int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
 _quantize_plain, _quantize_k = quantize8(BLOCK, BLOCK), quantize8(K_BLOCK, K_SUM)
 
@@ -67,7 +67,7 @@ def quantize_k_blocks(x, xq, dx, xs):
 def quantize(x, code, xq, dx, xs):
     """x's activations into the first x.shape[0] rows of xq, dx, xs in the form a matrix of type
     `code` takes: quantize_k_blocks for the K types, else quantize_blocks."""
-    if code == _Q4_K or code == _Q5_K or code == _Q6_K:
+    if code == _Q3_K or code == _Q4_K or code == _Q5_K or code == _Q6_K:
         quantize_k_blocks(x, xq, dx, xs)
     else:
         quantize_blocks(x, xq, dx, xs)
@@ -105,6 +105,20 @@ def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
     tile, d_at, dmin_at, scales_at, mins_at, quants_at, high_at = K_TILED[name]
     blocks, dest = _tiles_of(raw, size, out, tile)
     lead = blocks.shape[:2]
+    if name == "q3_k":   # GGUF: hmask 32 bytes, qs 64, 12 bytes of scales, d
+        hmask, qs, packed = blocks[..., 0:32], blocks[..., 32:96], blocks[..., 96:108]
+        u = np.empty(blocks.shape[:3] + (256,), np.uint8)   # element 128h + 32k + l: bits 2k of qs[32h + l], bit 4h + k of hmask[l]
+        for h in range(2):
+            for k in range(4):
+                u[..., 128 * h + 32 * k:128 * h + 32 * k + 32] = (((qs[..., 32 * h:32 * h + 32] >> (2 * k)) & 3)
+                                                                  | (((hmask >> (4 * h + k)) & 1) << 2))
+        s = np.arange(16)   # scale s: low 4 bits in byte s % 8 (nibble s // 8), top 2 in byte 8 + s % 4 (bits 2 (s // 4))
+        scales = (((packed[..., s % 8] >> (4 * (s // 8))) & 15) | (((packed[..., 8 + s % 4] >> (2 * (s // 4))) & 3) << 4))
+        dest[..., d_at:d_at + 2 * TILE] = blocks[..., 108:110].reshape(*lead, 2 * TILE)
+        dest[..., scales_at:scales_at + 16 * TILE] = (scales.astype(np.int8) - 32).view(np.uint8).swapaxes(-1, -2).reshape(*lead, 16 * TILE)
+        groups = u.reshape(*u.shape[:-1], 4, 2, 32)
+        dest[..., quants_at:quants_at + 2048] = _k_vectors(groups[..., 0, :] | (groups[..., 1, :] << 4), lead)
+        return
     if name == "q6_k":   # GGUF: ql 128 bytes, qh 64, 16 scales (i8), d
         ql, qh = blocks[..., 0:128].astype(np.uint8), blocks[..., 128:192]
         q = np.empty(blocks.shape[:3] + (256,), np.uint8)
@@ -178,6 +192,14 @@ def new_packed_rows(rows: int, row_bytes: int, qtype: QType) -> np.ndarray:
     return np.zeros((-(-rows // TILE) * TILE, n_blocks * tile // TILE), np.uint8)[:rows]
 
 
+def packed_bytes(qtype: QType, nbytes: int) -> int:
+    """About the bytes a matrix of nbytes in the file takes tiled (its last tile's padding aside)."""
+    if qtype not in TYPES:
+        return nbytes
+    tile = (K_TILED if qtype in K_TYPES else TILED)[qtype.name.lower()][0]
+    return nbytes * tile // (TILE * GGML_QUANT_SIZES[qtype][1])
+
+
 def pack_rows(raw: np.ndarray, qtype: QType, out: np.ndarray) -> None:
     """A matrix's rows (rows, bytes) tiled into out as the integer products read them; raw's first
     row is the first of a tile, and so is out's."""
@@ -236,6 +258,8 @@ def _dot4(rows, code, c, xq, dx, xs, t, isa, sums):
         _q4_k4(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q6_K:
         _q6_k4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q3_K:
+        _q3_k4(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -256,6 +280,8 @@ def _dot8(rows, code, c, xq, dx, xs, t, isa, sums):
         _q4_k8(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q6_K:
         _q6_k8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q3_K:
+        _q3_k8(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k8(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -276,6 +302,8 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
         _q4_k(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q6_K:
         _q6_k(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q3_K:
+        _q3_k(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k(rows, c, xq, dx, xs, t, isa, sums)
 

@@ -240,14 +240,20 @@ def _dot4(builder, isa: str, acc, u, x):
 # holds, at byte b of lane i, quant 4n + b of row i's 32-weight groups 2g (low nibble) and 2g + 1
 # (high); Q5_K's fifth bits are 64 masks (8j + n: bit 4i + b for quant 4n + b of group j), Q6_K's
 # two high bits are 16 vectors (4g + n, n < 4), byte b of lane i holding those of quant 4n + b of
-# groups 2g, 2g + 1 (bits 0-3) and of quant 16 + 4n + b of both (bits 4-7). Each is TILE times the
-# GGUF block's bytes but Q4_K's and Q5_K's, whose six-bit scales and mins take a byte each.
+# groups 2g, 2g + 1 (bits 0-3) and of quant 16 + 4n + b of both (bits 4-7). Q3_K's three-bit quants
+# (the two low bits and the hmask bit, 0..7 for weights d · scale · (u - 4)) take nibbles as
+# Q4_K's do, and its signed six-bit scales a byte each, per 16 as Q6_K's. Each is TILE times the
+# GGUF block's bytes but Q4_K's and Q5_K's, whose six-bit scales and mins take a byte each, and
+# Q3_K's (146 bytes a row for 110).
 # name: (bytes, d at, dmin at, scales at, mins at, quants at, high bits at).
 K_TILED = {
+    "q3_k": (TILE * 146, 0, None, 32, None, 288, None),
     "q4_k": (TILE * 148, 0, 32, 64, 192, 320, None),
     "q5_k": (TILE * 180, 0, 32, 64, 192, 320, 2368),
     "q6_k": (TILE * 210, 0, None, 32, None, 288, 2336),
 }
+# The quants' bias of the types with one signed scale per 16 (weight = d · scale · (u - bias)), as a shift.
+_BIAS_SHIFT = {"q3_k": 2, "q6_k": 5}
 
 
 def _rows_dot(builder, isa: str, acc, u, word):
@@ -305,7 +311,7 @@ def k_tile_dot8(name: str, n_tok: int):
     Q8_K activations in element order (cpu_quant_int8.quantize_k_blocks: int8 xq, a scale dx per 256
     and xs, int32 sums of xq over each 16): sums[TILE k + i] = row i's sum for token t + k. Per
     block, a group's eight `_rows_dot` leave every row's integer sum; times the rows' scales in
-    integers (`vpmulld`), the mins (Q4_K, Q5_K) or the quants' bias of 32 (Q6_K) taken against xs,
+    integers (`vpmulld`), the mins (Q4_K, Q5_K) or the quants' bias (4 for Q3_K, 32 for Q6_K) taken against xs,
     then d · dx times the block's sums into one float vector per token, in a fixed order of steps
     (ORDERED), so that a token's sums do not depend on the tokens beside it."""
     size, d_at, dmin_at, scales_at, mins_at, _, _ = K_TILED[name]
@@ -339,7 +345,7 @@ def k_tile_dot8(name: str, n_tok: int):
                     groups = _k_tile_groups(context, builder, rows_t, rows, o, name, g)
                     for kk, quants in enumerate(groups):
                         j = builder.add(builder.mul(g, ir.Constant(I64, 2)), ir.Constant(I64, kk))
-                        if name == "q6_k":
+                        if name in _BIAS_SHIFT:
                             scales = [_k_scales(context, builder, rows_t, rows, o, scales_at,
                                                 builder.add(builder.mul(j, ir.Constant(I64, 2)), ir.Constant(I64, h)), True)
                                       for h in range(2)]
@@ -355,11 +361,12 @@ def k_tile_dot8(name: str, n_tok: int):
                                     a = _rows_dot(builder, chosen, a, quants[n],
                                                   builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [n])))
                                 isums.append(a)
-                            if name == "q6_k":   # (Σ q · x - 32 Σ x) · scale, per 16
+                            if name in _BIAS_SHIFT:   # (Σ u · x - bias · Σ x) · scale, per 16
                                 for h in range(2):
                                     s = load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
                                              builder.add(builder.mul(j, ir.Constant(I64, 2)), ir.Constant(I64, h))), I32, 1)
-                                    s = builder.shl(builder.shuffle_vector(s, s, ir.Constant(vec(I32, TILE), [0] * TILE)), const(I32, TILE, 5))
+                                    s = builder.shl(builder.shuffle_vector(s, s, ir.Constant(vec(I32, TILE), [0] * TILE)),
+                                                    const(I32, TILE, _BIAS_SHIFT[name]))
                                     totals[k] = builder.add(totals[k], builder.mul(builder.sub(isums[h], s), scales[h]))
                             else:
                                 totals[k] = builder.add(totals[k], builder.mul(builder.add(*isums), scale))
