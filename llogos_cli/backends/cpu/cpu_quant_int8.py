@@ -105,19 +105,10 @@ def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
     tile, d_at, dmin_at, scales_at, mins_at, quants_at, high_at = K_TILED[name]
     blocks, dest = _tiles_of(raw, size, out, tile)
     lead = blocks.shape[:2]
-    if name == "q3_k":   # GGUF: hmask 32 bytes, qs 64, 12 bytes of scales, d
-        hmask, qs, packed = blocks[..., 0:32], blocks[..., 32:96], blocks[..., 96:108]
-        u = np.empty(blocks.shape[:3] + (256,), np.uint8)   # element 128h + 32k + l: bits 2k of qs[32h + l], bit 4h + k of hmask[l]
-        for h in range(2):
-            for k in range(4):
-                u[..., 128 * h + 32 * k:128 * h + 32 * k + 32] = (((qs[..., 32 * h:32 * h + 32] >> (2 * k)) & 3)
-                                                                  | (((hmask >> (4 * h + k)) & 1) << 2))
-        s = np.arange(16)   # scale s: low 4 bits in byte s % 8 (nibble s // 8), top 2 in byte 8 + s % 4 (bits 2 (s // 4))
-        scales = (((packed[..., s % 8] >> (4 * (s // 8))) & 15) | (((packed[..., 8 + s % 4] >> (2 * (s // 4))) & 3) << 4))
-        dest[..., d_at:d_at + 2 * TILE] = blocks[..., 108:110].reshape(*lead, 2 * TILE)
-        dest[..., scales_at:scales_at + 16 * TILE] = (scales.astype(np.int8) - 32).view(np.uint8).swapaxes(-1, -2).reshape(*lead, 16 * TILE)
-        groups = u.reshape(*u.shape[:-1], 4, 2, 32)
-        dest[..., quants_at:quants_at + 2048] = _k_vectors(groups[..., 0, :] | (groups[..., 1, :] << 4), lead)
+    if name == "q3_k":   # in compiled code: NumPy's steps over each element took ~25 s a GB
+        n_blocks = raw.shape[1] // size
+        _tile_q3_k(raw, np.lib.stride_tricks.as_strided(out, (-(-raw.shape[0] // TILE), n_blocks, tile),
+                                                        (tile * n_blocks, tile, 1)))
         return
     if name == "q6_k":   # GGUF: ql 128 bytes, qh 64, 16 scales (i8), d
         ql, qh = blocks[..., 0:128].astype(np.uint8), blocks[..., 128:192]
@@ -147,6 +138,34 @@ def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
     if name == "q5_k":   # bit j of qh byte l: the fifth bit of quant l of group j
         fifth = (blocks[..., 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1    # (.., row, l, j)
         dest[..., high_at:high_at + 512] = _k_masks(fifth.swapaxes(-1, -2), lead)
+
+
+_Q3_K_AT = (K_TILED["q3_k"][1], K_TILED["q3_k"][3], K_TILED["q3_k"][5])   # d, scales, quants
+
+
+@kernel
+def _tile_q3_k(raw, dest):
+    """Q3_K rows (rows, blocks · 110 bytes: hmask 32, qs 64, 12 bytes of scales, d) -> their tiles
+    (dest (tiles, blocks, K_TILED bytes), zeros past the rows): d; the 16 six-bit scales less 32, one
+    signed byte each; quants u = two bits of qs and one of hmask (element 128h + 32k + l: bits 2k of
+    qs[32h + l], bit 4h + k of hmask[l]) as nibbles, groups 2g and 2g + 1 in vector g's bytes."""
+    d_at, scales_at, quants_at = _Q3_K_AT
+    for c in range(dest.shape[0]):
+        for i in range(min(TILE, raw.shape[0] - TILE * c)):
+            row = raw[TILE * c + i]
+            for b in range(dest.shape[1]):
+                blk, out = row[110 * b:110 * b + 110], dest[c, b]
+                out[d_at + 2 * i], out[d_at + 2 * i + 1] = blk[108], blk[109]
+                for j in range(16):
+                    sc = ((blk[96 + j % 8] >> (4 * (j // 8))) & 15) | (((blk[104 + j % 4] >> (2 * (j // 4))) & 3) << 4)
+                    out[scales_at + TILE * j + i] = (sc + 224) & 255   # sc - 32, as a byte
+                for g in range(4):
+                    h, k = g // 2, 2 * (g % 2)
+                    for l in range(32):
+                        q, m = blk[32 + 32 * h + l], blk[l]
+                        lo = ((q >> (2 * k)) & 3) | (((m >> (4 * h + k)) & 1) << 2)
+                        hi = ((q >> (2 * k + 2)) & 3) | (((m >> (4 * h + k + 1)) & 1) << 2)
+                        out[quants_at + 512 * g + 64 * (l // 4) + 4 * i + l % 4] = lo | (hi << 4)
 
 
 def _k_vectors(per_group: np.ndarray, lead) -> np.ndarray:
