@@ -196,6 +196,36 @@ def test_expert_rows_cut_anywhere_in_the_tiles(out):
             np.testing.assert_allclose(y[t, j], dense[e] @ x[t], rtol=0, atol=0.02 * np.abs(dense[e]).sum(axis=1).max())
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [QType.Q3_K, QType.Q4_K, QType.Q8_0], ids=lambda t: t.name)
+def test_one_token_s_experts_in_one_call(qtype, isa, monkeypatch):
+    """A decode step's k experts (matvec8_experts, one parallel region) give bit for bit what each
+    expert's own product gives (the grouped path, an expert at a time), with one input for all the
+    experts (gate, up) and one a pair (down); experts of rows that are not whole tiles take the
+    grouped path."""
+    from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
+    monkeypatch.setenv("LLOGOS_CPU_ISA", isa)
+    rng = np.random.default_rng(int(qtype))
+    n_expert, cols = 6, K_BLOCK
+    backend = NumpyBackend("quantized")
+    real = backend.quant_matmul.experts
+    for out in (2 * cpu_quant_int8.TILE, 24):
+        raw = random_rows(qtype, n_expert * out, cols, rng)
+        raw.flags.writeable = False
+        w = backend.matrix(raw, qtype, matmul=True)
+        experts = np.array([[4, 1, 5]])
+        calls = []
+        monkeypatch.setattr(backend.quant_matmul, "experts", lambda *a: calls.append(a) or real(*a))
+        for x in (rng.standard_normal((1, cols)), rng.standard_normal((1, 3, cols))):
+            x = x.astype(np.float32)
+            together = backend.matmul_experts(x, w, experts, n_expert)
+            monkeypatch.setattr(backend.quant_matmul, "experts", lambda *a: None)
+            each = backend.matmul_experts(x, w, experts, n_expert)
+            monkeypatch.setattr(backend.quant_matmul, "experts", lambda *a: calls.append(a) or real(*a))
+            np.testing.assert_array_equal(together, each)
+        assert len(calls) == 2 and (real(*calls[0]) is None) == (out % cpu_quant_int8.TILE != 0)
+
+
 @pytest.mark.parametrize("qtype, rows", [(QType.Q4_1, (48, 16, 16)), (QType.Q4_K, (32, 60)), (QType.Q8_0, (48, 20, 20))])
 def test_joined_matrices_multiply_as_each_alone(qtype, rows):
     """Matrices joined at load (q, k and v; gate and up: one matrix, one product) give each

@@ -179,6 +179,25 @@ class QuantMatmul:
             return None
         return rows[first:first + n]
 
+    def experts(self, x: np.ndarray, rows: np.ndarray, qtype: QType, experts: np.ndarray, n: int) -> np.ndarray | None:
+        """Row j of x (P, cols) times the n rows of expert experts[j] of a stacked matrix from `pack`
+        -> (P, n), all pairs in one call (cpu_quant_int8.matvec8_experts); None where the matrix is
+        not tiled for the integer products or an expert's rows are not whole tiles."""
+        if not self._packs(qtype) or n % cpu_quant_int8.TILE:
+            return None
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, np.float32)
+        k_type = qtype in cpu_quant_int8.K_TYPES
+        arrays = self._buffers.get((k_type, x.shape[1]))
+        if arrays is None or arrays[0].shape[0] < x.shape[0]:
+            arrays = self._buffers[(k_type, x.shape[1])] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS),
+                                                                             x.shape[1], k_type)
+        out = np.empty((x.shape[0], n), np.float32)
+        shares = parts(experts.size * (n // cpu_quant_int8.CHUNK), self.threads)
+        cpu_quant_int8.matvec8_experts(rows, int(qtype), np.ascontiguousarray(experts, np.int64), x, *arrays, out,
+                                       self._isa_arg, shares)
+        return out
+
     def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: QType) -> np.ndarray:
         return self.many(x, [(raw, qtype)])[0]
 

@@ -346,6 +346,27 @@ def matvec8(raws, codes, firsts, x, xq, dx, xs, outs, isa, parts):
             c = stop
 
 
+@parallel_kernel
+def matvec8_experts(raw, code, experts, x, xq, dx, xs, out, isa, parts):
+    """out (P, n) = for each pair j, x[j] (x (P, cols)) times the n rows of expert experts[j] of the
+    stacked tiled rows raw (n_expert · n, n whole tiles): a decode step's chosen experts in one
+    parallel region, each streamed once, instead of a call and a region each. x quantized into xq,
+    dx, xs first (arrays of at least P rows); the pairs' tiles cut into `parts` ranges."""
+    quantize(x, code, xq, dx, xs)
+    n = out.shape[1]
+    per = n // TILE
+    total = experts.shape[0] * per
+    for part in prange(parts):
+        c, end = part * total // parts, (part + 1) * total // parts
+        while c < end:   # the range's tiles of each pair it crosses
+            j = c // per
+            stop = min(end, (j + 1) * per)
+            e = experts[j]
+            _tiles(raw[e * n:(e + 1) * n], code, c - j * per, stop - j * per,
+                   xq[j:j + 1], dx[j:j + 1], xs[j:j + 1], out[j:j + 1], isa)
+            c = stop
+
+
 @kernel
 def _matrix_of(firsts, chunk):
     i = 0

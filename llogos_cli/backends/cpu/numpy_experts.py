@@ -34,12 +34,18 @@ class ExpertOps:
         T, k = experts.shape
         out = w.raw.shape[0] // n_expert
         rows = np.broadcast_to(x[:, None, :], (T, k, x.shape[-1])) if x.ndim == 2 else x
-        y = np.empty((T, k, out), np.float32)
-        pairs = np.argsort(experts.ravel(), kind="stable")            # (T * k,) grouped by expert
-        chosen, starts = np.unique(experts.ravel()[pairs], return_index=True)
-        for e, a, b in zip(chosen, starts, np.append(starts[1:], len(pairs))):
-            t, j = np.divmod(pairs[a:b], k)
-            y[t, j] = self._expert_product(np.ascontiguousarray(rows[t, j]), w, int(e) * out, out)
+        # One token (a decode step): its k experts in one call where the integer products take them.
+        y = None if T > 1 or w.dense is not None else self.quant_matmul.experts(rows.reshape(k, -1), w.blocks, w.qtype,
+                                                                                 experts.ravel(), out)
+        if y is not None:
+            y = y.reshape(T, k, out)
+        else:
+            y = np.empty((T, k, out), np.float32)
+            pairs = np.argsort(experts.ravel(), kind="stable")            # (T * k,) grouped by expert
+            chosen, starts = np.unique(experts.ravel()[pairs], return_index=True)
+            for e, a, b in zip(chosen, starts, np.append(starts[1:], len(pairs))):
+                t, j = np.divmod(pairs[a:b], k)
+                y[t, j] = self._expert_product(np.ascontiguousarray(rows[t, j]), w, int(e) * out, out)
         if bias is not None:
             y += bias.reshape(n_expert, out)[experts]
         if weights is None:
