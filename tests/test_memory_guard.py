@@ -61,6 +61,18 @@ def test_quantized_estimate_is_what_the_cpu_holds(tiny):
     assert packed_bytes(GGMLQuantizationType.IQ4_XS, 136 * 1000) == 136 * 1000   # not tiled: read in place
 
 
+def test_estimates_for_float32_and_cuda_weights_leave_numba_unloaded():
+    """Only the quantized estimate reads the tile sizes of the integer products, whose module brings
+    numba (~0.4 s and ~100 MB): the float32 and CUDA paths never load it."""
+    code = ("import sys; from llogos_cli.gguf.file import GGUFFile; from llogos_cli.model import memory; "
+            "from llogos_cli.model.config import ModelConfig; "
+            f"f = GGUFFile({str(need(TINY))!r}); cfg = ModelConfig.from_gguf(f); "
+            "memory.need(f, cfg, 'f32', 64, 'f32', 'f32'); memory.need(f, cfg, 'cuda', 64, 'f16', 'f16'); "
+            "assert 'numba' not in sys.modules; memory.need(f, cfg, 'quantized', 64, 'f32', 'f32'); "
+            "assert 'numba' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_model_that_does_not_fit_is_refused_before_loading(tiny, monkeypatch):
     f, cfg = tiny
     quantized = memory.need(f, cfg, "quantized", 256, "f32", "f32").total

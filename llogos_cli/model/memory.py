@@ -65,7 +65,6 @@ def weight_bytes(f: GGUFFile, cfg: ModelConfig, held: str) -> int:
     """Bytes of the weights as held: "f32" (the CPU's matrices used in products expanded),
     "quantized" (the CPU's matrices used in products tiled for its integer products, at most; the
     rest read in place) or "cuda" (blocks uploaded)."""
-    from llogos_cli.backends.cpu.cpu_quant_int8 import packed_bytes
     total = 0
     for name, t in f.tensors.items():
         n = math.prod(t.shape)
@@ -74,6 +73,8 @@ def weight_bytes(f: GGUFFile, cfg: ModelConfig, held: str) -> int:
         elif held == "f32" and _in_products(name, cfg):
             total += 4 * n
         elif held == "quantized" and _in_products(name, cfg):
+            # imported here: numba comes with it, which the float32 and CUDA paths never load
+            from llogos_cli.backends.cpu.cpu_quant_int8 import packed_bytes
             total += packed_bytes(t.ggml_type, t.nbytes)
         else:
             total += t.nbytes
