@@ -187,11 +187,7 @@ class QuantMatmul:
             return None
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, np.float32)
-        k_type = qtype in cpu_quant_int8.K_TYPES
-        arrays = self._buffers.get((k_type, x.shape[1]))
-        if arrays is None or arrays[0].shape[0] < x.shape[0]:
-            arrays = self._buffers[(k_type, x.shape[1])] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS),
-                                                                             x.shape[1], k_type)
+        arrays = self._activation_arrays(x, qtype in cpu_quant_int8.K_TYPES)
         out = np.empty((x.shape[0], n), np.float32)
         shares = parts(experts.size * (n // cpu_quant_int8.CHUNK), self.threads)
         cpu_quant_int8.matvec8_experts(rows, int(qtype), np.ascontiguousarray(experts, np.int64), x, *arrays, out,
@@ -262,13 +258,9 @@ class QuantMatmul:
         return out
 
     def _matvec8(self, x: np.ndarray, plan: tuple, k_type: bool) -> list[np.ndarray]:
-        """The products of plan's matrices, x quantized in the kernel into arrays kept by form and
-        row length (as many rows as the most tokens yet; each product overwrites them)."""
+        """The products of plan's matrices, x quantized in the kernel (_activation_arrays)."""
         raws, codes, firsts, n, chunks = plan
-        arrays = self._buffers.get((k_type, x.shape[1]))
-        if arrays is None or arrays[0].shape[0] < x.shape[0]:
-            arrays = self._buffers[(k_type, x.shape[1])] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS),
-                                                                             x.shape[1], k_type)
+        arrays = self._activation_arrays(x, k_type)
         shares = parts(chunks, self.threads)
         if n == 1:
             out = np.empty((x.shape[0], raws[0].shape[0]), np.float32)
@@ -277,6 +269,15 @@ class QuantMatmul:
         outs = tuple([np.empty((x.shape[0], raw.shape[0]), np.float32) for raw in raws[:n]]) + _PADDING[n]
         cpu_quant_int8.matvec8(raws, codes, firsts, x, *arrays, outs, self._isa_arg, shares)
         return list(outs[:n])
+
+    def _activation_arrays(self, x: np.ndarray, k_type: bool) -> tuple:
+        """Arrays for x's quantized activations in either form, kept by form and row length (as
+        many rows as the most tokens yet; each product overwrites them)."""
+        arrays = self._buffers.get((k_type, x.shape[1]))
+        if arrays is None or arrays[0].shape[0] < x.shape[0]:
+            arrays = self._buffers[(k_type, x.shape[1])] = _quantize8_arrays(max(x.shape[0], DOT_MAX_TOKENS),
+                                                                             x.shape[1], k_type)
+        return arrays
 
     @staticmethod
     def _plan(matrices: list[tuple[np.ndarray, QType]]) -> tuple:

@@ -205,18 +205,20 @@ def new_packed_rows(rows: int, row_bytes: int, qtype: QType) -> np.ndarray:
     """The array pack_rows fills for a matrix's rows (rows of row_bytes in the file): their tiles,
     the memory under the array running on to the end of the last whole tile (zeros), which the
     products read."""
-    name = qtype.name.lower()
     n_blocks = row_bytes // GGML_QUANT_SIZES[qtype][1]
-    tile = (K_TILED if qtype in K_TYPES else TILED)[name][0]
-    return np.zeros((-(-rows // TILE) * TILE, n_blocks * tile // TILE), np.uint8)[:rows]
+    return np.zeros((-(-rows // TILE) * TILE, n_blocks * _tile_bytes(qtype) // TILE), np.uint8)[:rows]
+
+
+def _tile_bytes(qtype: QType) -> int:
+    """Bytes of TILE rows' blocks side by side, tiled (TILED, K_TILED)."""
+    return (K_TILED if qtype in K_TYPES else TILED)[qtype.name.lower()][0]
 
 
 def packed_bytes(qtype: QType, nbytes: int) -> int:
     """About the bytes a matrix of nbytes in the file takes tiled (its last tile's padding aside)."""
     if qtype not in TYPES:
         return nbytes
-    tile = (K_TILED if qtype in K_TYPES else TILED)[qtype.name.lower()][0]
-    return nbytes * tile // (TILE * GGML_QUANT_SIZES[qtype][1])
+    return nbytes * _tile_bytes(qtype) // (TILE * GGML_QUANT_SIZES[qtype][1])
 
 
 def pack_rows(raw: np.ndarray, qtype: QType, out: np.ndarray) -> None:

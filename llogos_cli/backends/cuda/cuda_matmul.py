@@ -93,14 +93,14 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None):
     n_tok = x.shape[0]
     assert x.shape[1] == w.cols, f"x has {x.shape[1]} features, the matrix {w.cols}"
     y = k.xp.empty((n_tok, w.rows), np.float32)
-    if x8 is not None and n_tok < GEMM_MIN_TOKENS and w.qtype in INT8_TYPES:
+    if n_tok < GEMM_MIN_TOKENS:
+        int8 = x8 is not None and w.qtype in INT8_TYPES
         for t0 in range(0, n_tok, MATVEC_MAX_TOKENS):
             t1 = t0 + MATVEC_MAX_TOKENS
-            matvec_q8(k, (x8[0][t0:t1], x8[1][t0:t1]), w, y[t0:t1])
-        return y
-    if n_tok < GEMM_MIN_TOKENS:
-        for t0 in range(0, n_tok, MATVEC_MAX_TOKENS):
-            matvec(k, x[t0:t0 + MATVEC_MAX_TOKENS], w, y[t0:t0 + MATVEC_MAX_TOKENS])
+            if int8:
+                matvec_q8(k, (x8[0][t0:t1], x8[1][t0:t1]), w, y[t0:t1])
+            else:
+                matvec(k, x[t0:t1], w, y[t0:t1])
         return y
     x16 = k.xp.empty(x.shape, np.float16)
     dequantize(k, x.view(np.uint8), QType.F32, x16)  # as astype(float16), in a kernel the emulator's graphs replay too
@@ -129,13 +129,19 @@ def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
     check(w.raw, np.uint8, "w")
     n_tok = x.shape[0]
     assert 0 < n_tok <= MATVEC_MAX_TOKENS and y.shape == (n_tok, w.rows)
-    args, block = (w.raw, x, y, np.int32(w.cols), np.int32(w.rows)), (MATVEC_WARPS * 32,)
+    _launch_matvec(k, "matvec", w, (w.raw, x, y, np.int32(w.cols), np.int32(w.rows)), n_tok, rows_per_warp)
+
+
+def _launch_matvec(k, module: str, w: QuantMatrix, args: tuple, n_tok: int, rows_per_warp) -> None:
+    """A launch of module's kernels for w (module matvec or matvec_q8, its kernels named after it):
+    <module>_<type> or <module>_rows<R>_<type> for one token, <module>_batch_<type> for several."""
+    block, suffix = (MATVEC_WARPS * 32,), TYPE_SUFFIX[w.qtype]
     if n_tok == 1:
         rows = rows_per_warp(w)
-        name = "matvec_" if rows == 1 else f"matvec_rows{rows}_"
-        k.function("matvec", name + TYPE_SUFFIX[w.qtype])((cdiv(w.rows, MATVEC_WARPS * rows),), block, args)
+        name = f"{module}_{suffix}" if rows == 1 else f"{module}_rows{rows}_{suffix}"
+        k.function(module, name)((cdiv(w.rows, MATVEC_WARPS * rows),), block, args)
     else:
-        k.function("matvec", f"matvec_batch_{TYPE_SUFFIX[w.qtype]}")((cdiv(w.rows, MATVEC_WARPS),), block, (*args, np.int32(n_tok)))
+        k.function(module, f"{module}_batch_{suffix}")((cdiv(w.rows, MATVEC_WARPS),), block, (*args, np.int32(n_tok)))
 
 
 def int8_pays(ws: list[QuantMatrix]) -> bool:
@@ -162,13 +168,7 @@ def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp_q8) -
     check(y, np.float32, "y")
     n_tok = xq.shape[0]
     assert w.qtype in INT8_TYPES and 0 < n_tok <= MATVEC_MAX_TOKENS and xq.shape[1] == w.cols and y.shape == (n_tok, w.rows)
-    args, block = (w.raw, xq, xs, y, np.int32(w.cols), np.int32(w.rows)), (MATVEC_WARPS * 32,)
-    if n_tok == 1:
-        rows = rows_per_warp(w)
-        name = "matvec_q8_" if rows == 1 else f"matvec_q8_rows{rows}_"
-        k.function("matvec_q8", name + TYPE_SUFFIX[w.qtype])((cdiv(w.rows, MATVEC_WARPS * rows),), block, args)
-    else:
-        k.function("matvec_q8", f"matvec_q8_batch_{TYPE_SUFFIX[w.qtype]}")((cdiv(w.rows, MATVEC_WARPS),), block, (*args, np.int32(n_tok)))
+    _launch_matvec(k, "matvec_q8", w, (w.raw, xq, xs, y, np.int32(w.cols), np.int32(w.rows)), n_tok, rows_per_warp)
 
 
 def dequantize(k, raw, qtype: QType, out) -> None:
