@@ -1,6 +1,6 @@
 """A `llogos batch` line to a request: the sampling fields it shares with the server's requests."""
 
-from llogos_cli.cli.batch_input import Line, LineDefaults, LineError, to_request
+from llogos_cli.jobs.lines import Line, LineDefaults, LineError, to_request
 from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.gguf.file import GGUFFile

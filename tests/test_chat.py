@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from llogos_cli.cli.options import chat_format
+from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.chat import Chat
 from llogos_cli.engine.conversation import (
@@ -50,7 +50,7 @@ def smollm(smollm_path):
 
 
 def new_chat(m, messages, n_predict=12, n_ctx=512, prefix_cache=False, **sampling) -> Chat:
-    fmt = chat_format({}, m.source.file.meta, m.source.entry, m.tokenizer)
+    fmt = TemplateChoice().format(m.source)
     params = SamplingParams(**{"temp": 0.0, **sampling})
     engine = BatchEngine(m.model, m.tokenizer, 1, n_ctx, prefix_cache_bytes=(1 << 24) * prefix_cache, keep_slots=True)
     return Chat(fmt, engine, params, n_predict, messages)
@@ -333,7 +333,7 @@ def test_template_and_messages_errors(env, tiny, tmp_path):
 def test_model_toml_template_for_a_model_without_one(gemma_path):
     m = load("gemma3-270m", "cpu")
     assert "tokenizer.chat_template" not in m.source.file.meta
-    fmt = chat_format({}, m.source.file.meta, m.source.entry, m.tokenizer)
+    fmt = TemplateChoice().format(m.source)
     ids = fmt.ids([Message("user", "Hi")])
     assert fmt.template.origin == "built-in 'gemma'" and ids[0] == m.tokenizer.bos_id and ids.count(ids[0]) == 1
 

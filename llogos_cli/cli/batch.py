@@ -8,13 +8,16 @@ from typing import TextIO
 
 import click
 
-from llogos_cli.cli.batch_input import Done, LineError, read_items
-from llogos_cli.cli.batch_output import Writer, file_done
-from llogos_cli.cli.batch_progress import Tally
-from llogos_cli.cli.batch_ray import CPUS_PER_WORKER, run_on_ray
-from llogos_cli.cli.batch_setup import set_up
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import model_options, sampling_options, template_options
+from llogos_cli.engine.conversation import TemplateChoice
+from llogos_cli.engine.sampling import SamplingOverrides
+from llogos_cli.jobs.lines import Done, LineError, read_items
+from llogos_cli.jobs.progress import Tally
+from llogos_cli.jobs.ray_driver import CPUS_PER_WORKER, RayCluster, run_on_ray
+from llogos_cli.jobs.results import Output, Writer, file_done
+from llogos_cli.jobs.spec import JobSpec, set_up
+from llogos_cli.model.loader import LoadOptions
 from llogos_cli.console import err
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.sampling import draw_seed
@@ -52,32 +55,39 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
               "[default: one per GPU, else one per --cpus-per-worker CPUs]")
 @click.option("--cpus-per-worker", type=click.IntRange(min=1),
               help=f"CPUs each Ray worker takes on nodes without GPUs. [default: {CPUS_PER_WORKER}]")
-def batch(**o):
+def batch(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, input_path, output, parallel,
+          batch_size, n_predict, stop, ignore_eos, logprobs, ordered, resume, overwrite, ray, workers, cpus_per_worker):
     """Run many prompts with up to -np at once; one JSON result per prompt."""
-    if o["ray"] is None and (o["workers"] or o["cpus_per_worker"]):
+    if ray is None and (workers or cpus_per_worker):
         raise LlogosError("--workers and --cpus-per-worker size a Ray run: add --ray")
-    failed = _across_ray(o) if o["ray"] is not None else _here(o)
+    spec = JobSpec(model, sampling, template, parallel, batch_size, n_predict, tuple(stop), ignore_eos, logprobs)
+    out = Output(output, resume, overwrite, ordered)
+    if ray is not None:
+        with _lines(_input(input_path)) as lines:
+            failed = run_on_ray(spec, RayCluster(ray, workers, cpus_per_worker), out, lines, draw_seed())
+    else:
+        failed = _here(spec, out, input_path)
     if failed:
         raise LlogosError(f"{failed} prompt{'s' if failed > 1 else ''} failed (see the \"error\" lines of the output)")
 
 
-def _here(o: dict) -> int:
-    out_path = o["output"]
-    if o["resume"] and out_path is None:
+def _here(spec: JobSpec, out: Output, input_path: Path | None) -> int:
+    out_path = out.path
+    if out.resume and out_path is None:
         raise LlogosError("--resume continues an output file: give it with -o")
     if out_path is not None and out_path.is_dir():
         raise LlogosError(f"{out_path} is a directory: give -o a file (a directory of results is for --ray)")
-    if out_path is not None and out_path.exists() and out_path.stat().st_size and not (o["resume"] or o["overwrite"]):
+    if out_path is not None and out_path.exists() and out_path.stat().st_size and not (out.resume or out.overwrite):
         raise LlogosError(f"{out_path} already holds results: add --resume to continue it or --overwrite to replace it")
-    source = _input(o["input_path"])
-    done = file_done(out_path) if o["resume"] else Done()
+    source = _input(input_path)
+    done = file_done(out_path) if out.resume else Done()
     total = _count_lines(source) if isinstance(source, Path) else None
-    s = set_up(o, draw_seed())
+    s = set_up(spec, draw_seed())
     err.print(f"[dim]{s.description}{_resuming(done)}[/dim]", soft_wrap=True)
     tally = Tally(None if total is None else max(total - len(done), 0))
     try:
         with _lines(source) as lines:
-            writer = Writer(out_path, o["resume"], o["ordered"])
+            writer = Writer(out_path, out.resume, out.ordered)
             try:
                 return _run(s.engine, read_items(lines, s.tokenizer, s.chat, s.defaults, done), writer, tally)
             finally:
@@ -87,11 +97,6 @@ def _here(o: dict) -> int:
         err.print(f"[dim]interrupted: {tally.done} results ({tally.failed} failed) written{where}[/dim]",
                   soft_wrap=True)
         raise click.Abort from None   # reported: exit 130 without another line
-
-
-def _across_ray(o: dict) -> int:
-    with _lines(_input(o["input_path"])) as lines:
-        return run_on_ray(o, lines, draw_seed())
 
 
 def _resuming(done: Done) -> str:

@@ -6,24 +6,16 @@ from pathlib import Path
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import (
-    cache_types,
-    chat_format,
-    drop_newline,
-    model_options,
-    sampling_options,
-    sampling_params,
-    template_options,
-    threads,
-)
+from llogos_cli.cli.options import drop_newline, model_options, sampling_options, template_options
 from llogos_cli.cli.repl import Repl, stream
 from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.console import err, notice, warn
-from llogos_cli.engine.chat import Chat
-from llogos_cli.engine.conversation import Message, read_messages, with_system
 from llogos_cli.engine.batch import BatchEngine
+from llogos_cli.engine.chat import Chat
+from llogos_cli.engine.conversation import Message, TemplateChoice, read_messages, with_system
+from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.errors import LlogosError
-from llogos_cli.model.loader import load, open_model
+from llogos_cli.model.loader import LoadOptions
 from llogos_cli.model.registry import ModelEntry
 
 _FILE = click.Path(path_type=Path, dir_okay=False)
@@ -47,49 +39,49 @@ _BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 @sampling_options
 @click.option("--stats", is_flag=True, help="Timings of each reply on stderr (/stats shows the last one).")
 @click.option("--simple-io", is_flag=True, help="Plain terminal: no colours, no line editing.")
-def chat(**o):
+def chat(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, system, system_file, messages,
+         interactive, print_prompt, n_predict, stats, simple_io):
     """Talk with a model through its chat template.
 
     On a terminal this opens a conversation (type /help in it). With a message piped on stdin, or
     with --messages, it writes one reply to stdout and exits.
     """
-    if o["system"] is not None and o["system_file"] is not None:
+    if system is not None and system_file is not None:
         raise LlogosError("give the system prompt either with --system or with --system-file, not both")
-    if o["interactive"] and not sys.stdin.isatty():
+    if interactive and not sys.stdin.isatty():
         raise LlogosError("-i/--interactive needs a terminal on stdin")
-    system = o["system"]
-    if o["system_file"] is not None:
-        system = drop_newline(read_file(o["system_file"], "system prompt file"))
-    messages = with_system(read_messages(o["messages"]) if o["messages"] else [], system)
-    interactive = sys.stdin.isatty() and (o["messages"] is None or o["interactive"])
-    if not interactive:
-        messages += _piped_message(required=o["messages"] is None)
-    if o["print_prompt"] and (interactive or not messages):
+    if system_file is not None:
+        system = drop_newline(read_file(system_file, "system prompt file"))
+    conversation = with_system(read_messages(messages) if messages else [], system)
+    in_terminal = sys.stdin.isatty() and (messages is None or interactive)
+    if not in_terminal:
+        conversation += _piped_message(required=messages is None)
+    if print_prompt and (in_terminal or not conversation):
         raise LlogosError("--print-prompt needs a conversation: --messages FILE or a message on stdin")
-    mf = open_model(o["model_name"])
-    fmt = chat_format(o, mf.file.meta, mf.entry, mf.tokenizer)
-    if o["print_prompt"]:
-        sys.stdout.write(fmt.text(messages))
+    mf = model.open()
+    fmt = template.format(mf)
+    if print_prompt:
+        sys.stdout.write(fmt.text(conversation))
         sys.stdout.flush()
         return
     name = mf.entry.name if mf.entry else mf.path.name
     if _base_model(mf.file.meta, mf.entry):
         warn(f"{name} is a base model, not tuned to chat: it continues the conversation as text, so its replies "
              "may be gibberish that runs on until the context fills (`llogos generate` suits it better)")
-    n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
-    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
+    n_ctx = model.n_ctx(mf)
+    m = model.load(mf, n_ctx)
     # One slot that keeps its tokens for the next turn, and a prefix cache for /load and /clear.
-    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, cache_types(o), keep_slots=True)
-    conversation = Chat(fmt, engine, sampling_params(o, mf.sampling_defaults), o["n_predict"], messages)
-    if interactive:
-        if o["simple_io"]:
+    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, keep_slots=True)
+    talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation)
+    if in_terminal:
+        if simple_io:
             err.no_color = True
         notice(f"chatting with {name} (template: {fmt.template.origin}); /help for commands, Ctrl-D to leave")
-        Repl(conversation, o["simple_io"], o["stats"]).run()
+        Repl(talk, simple_io, stats).run()
         return
-    reply = conversation.respond(stream)
+    reply = talk.respond(stream)
     stream("\n")
-    if o["stats"]:
+    if stats:
         notice(reply.summary())
 
 

@@ -9,27 +9,23 @@ import click
 
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import (
-    cache_types,
-    chat_format,
-    grammar,
+    GrammarFlags,
     grammar_options,
     model_options,
     parse_token_list,
     read_prompt,
     sampling_options,
-    sampling_params,
     template_options,
-    threads,
 )
 from llogos_cli.cli.report import print_stats
 from llogos_cli.console import err
-from llogos_cli.engine.conversation import Message
 from llogos_cli.engine.batch import Request, check_fits
+from llogos_cli.engine.conversation import Message, TemplateChoice
 from llogos_cli.engine.generation import Generation
-from llogos_cli.engine.sampling import draw_seed
+from llogos_cli.engine.sampling import SamplingOverrides, draw_seed
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
-from llogos_cli.model.loader import load, open_model
+from llogos_cli.model.loader import LoadOptions
 
 
 @cli.command()
@@ -52,51 +48,53 @@ from llogos_cli.model.loader import load, open_model
 @click.option("--chat", is_flag=True, help="Send the prompt as a user message through the model's chat template.")
 @template_options
 @click.option("--print-prompt", is_flag=True, help="With --chat: print the templated prompt and exit.")
-def generate(**o):
+def generate(model: LoadOptions, sampling: SamplingOverrides, grammar: GrammarFlags, template: TemplateChoice,
+             prompt, file, tokens, n_predict, stop, ignore_eos, echo, special, as_json, logprobs, stats, chat,
+             print_prompt):
     """Continue a prompt and stream the continuation to stdout."""
-    if o["tokens"] is not None and (o["prompt"] is not None or o["file"] is not None):
+    if tokens is not None and (prompt is not None or file is not None):
         raise LlogosError("--tokens replaces -p/-f; give only one of them")
-    if o["logprobs"] and not o["as_json"]:
+    if logprobs and not as_json:
         raise LlogosError("--logprobs needs --json (log-probabilities are reported per token in JSON)")
-    text = None if o["tokens"] is not None else read_prompt(o["prompt"], o["file"])
-    if text is None and o["tokens"] is None:
+    text = None if tokens is not None else read_prompt(prompt, file)
+    if text is None and tokens is None:
         raise LlogosError("no prompt: give -p TEXT, -f FILE or --tokens IDS, or pipe text on stdin")
-    if (o["chat_template"] or o["chat_template_file"] or o["print_prompt"]) and not o["chat"]:
+    if (template.given or print_prompt) and not chat:
         raise LlogosError("--chat-template, --chat-template-file and --print-prompt go with --chat")
-    if o["chat"] and o["tokens"] is not None:
+    if chat and tokens is not None:
         raise LlogosError("--chat wraps prompt text in the chat template; it cannot take --tokens")
-    constraint = grammar(o)   # a bad schema or grammar fails before the model is opened
-    mf = open_model(o["model_name"])
+    constraint = grammar.constraint()   # a bad schema or grammar fails before the model is opened
+    mf = model.open()
     tok = mf.tokenizer
-    params = sampling_params(o, mf.sampling_defaults)
+    params = sampling.params(mf.sampling_defaults)
     if params.seed is None:   # drawn here, so --stats can name it
         params = dataclasses.replace(params, seed=draw_seed())
-    chat = chat_format(o, mf.file.meta, mf.entry, tok) if o["chat"] else None
-    if chat:   # from here on the prompt is the templated text, BOS spelled out; --echo shows it too
-        text = chat.text([Message("user", text)])
-        if o["print_prompt"]:
+    fmt = template.format(mf) if chat else None
+    if fmt:   # from here on the prompt is the templated text, BOS spelled out; --echo shows it too
+        text = fmt.text([Message("user", text)])
+        if print_prompt:
             sys.stdout.write(text)
             return
-    ids = (parse_token_list(o["tokens"]) if o["tokens"] is not None
-           else tok.encode(text, add_bos=False if chat else None))
+    ids = (parse_token_list(tokens) if tokens is not None
+           else tok.encode(text, add_bos=False if fmt else None))
     bad = [i for i in ids if not 0 <= i < tok.n_vocab]
     if bad:
         raise LlogosError(f"token id {bad[0]} is out of range (the vocabulary has {tok.n_vocab} tokens)")
     if not ids:
         raise LlogosError("the prompt is empty after tokenization")
-    n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
+    n_ctx = model.n_ctx(mf)
     check_fits(len(ids), n_ctx)   # before the weights load
-    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
-    criteria = StopCriteria(o["n_predict"], tuple(o["stop"]) + (chat.stop_strings() if chat else ()),
-                            o["ignore_eos"], chat.stop_ids() if chat else frozenset())
-    gen = Generation.alone(m.model, tok, n_ctx, Request(0, ids, params, criteria, o["logprobs"], constraint,
-                                                        o["special"]), cache_types(o))
+    m = model.load(mf, n_ctx)
+    criteria = StopCriteria(n_predict, tuple(stop) + (fmt.stop_strings() if fmt else ()),
+                            ignore_eos, fmt.stop_ids() if fmt else frozenset())
+    gen = Generation.alone(m.model, tok, n_ctx, Request(0, ids, params, criteria, logprobs, constraint, special),
+                           model.cache_types)
     out = sys.stdout
-    if o["echo"] and not o["as_json"]:
-        out.write(text if text is not None else tok.decode(ids, special=o["special"]))
+    if echo and not as_json:
+        out.write(text if text is not None else tok.decode(ids, special=special))
         out.flush()
     for t in gen:
-        if o["as_json"]:
+        if as_json:
             record = {"id": t.id, "text": t.text}
             if t.logprobs is not None:
                 record["logprobs"] = [[i, lp] for i, lp in t.logprobs]
@@ -104,7 +102,7 @@ def generate(**o):
         else:
             out.write(t.text)
         out.flush()
-    if o["as_json"]:
+    if as_json:
         done = {"done": True, "stop": gen.stop, "timings": gen.timings.as_dict()}
         if gen.tail:
             done["text"] = gen.tail
@@ -116,5 +114,5 @@ def generate(**o):
         if gen.context_full:
             err.print(f"[dim]stopped: the context of {n_ctx} tokens is full[/dim]")
     out.flush()
-    if o["stats"]:
+    if stats:
         print_stats(m, gen.timings, None if params.greedy else params.seed)

@@ -1,20 +1,22 @@
 """Command-line options shared by `generate` and `chat`, and the objects built from them."""
 
+import dataclasses
+import functools
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from llogos_cli.backends import BACKENDS, CACHE_TYPES
 from llogos_cli.cli.text_input import read_file, read_stdin
-from llogos_cli.engine.conversation import ChatFormat
+from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.grammar import Grammar
-from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
+from llogos_cli.engine.sampling import DRAW_SEED, SamplingOverrides
 from llogos_cli.errors import LlogosError
-from llogos_cli.model.registry import ModelEntry
+from llogos_cli.model.loader import LoadOptions
 from llogos_cli.tokenizer import chat_template
-from llogos_cli.tokenizer.tokenizer import Tokenizer
 
 
 def _random_seed(ctx, param, seed: int | None) -> int | None:
@@ -103,47 +105,45 @@ def _apply(options):
     return decorate
 
 
-sampling_options = _apply(_SAMPLING_OPTIONS)
-model_options = _apply(_MODEL)
-template_options = _apply(_TEMPLATE)
-grammar_options = _apply(_GRAMMAR)
+def _grouped(options, record, keyword: str):
+    """The options as one keyword argument of the command: `record` (a dataclass whose fields are the
+    options' names) built from them, so that a command reads typed fields, not a dict of flags."""
+    names = [f.name for f in dataclasses.fields(record)]
+
+    def decorate(f):
+        @functools.wraps(f)
+        def command(**kwargs):
+            kwargs[keyword] = record(**{name: kwargs.pop(name) for name in names})
+            return f(**kwargs)
+        return _apply(options)(command)
+    return decorate
 
 
-def grammar(opts: dict) -> Grammar | None:
-    """The constraint the grammar options ask for, checked (a bad one fails here, before any loading)."""
-    names = ("json_schema", "json_schema_file", "grammar", "grammar_file")
-    given = [name for name in names if opts.get(name) is not None]
-    if len(given) > 1:
-        names = " and ".join("--" + name.replace("_", "-") for name in given)
-        raise LlogosError(f"give one of --json-schema, --json-schema-file, --grammar and --grammar-file, not {names}")
-    if not given:
-        return None
-    name = given[0]
-    text = opts[name] if not name.endswith("_file") else read_file(opts[name], name.replace("_", " "))
-    return Grammar.json_schema(text) if name.startswith("json_schema") else Grammar.gbnf(text)
+@dataclass(frozen=True, slots=True)
+class GrammarFlags:
+    json_schema: str | None = None
+    json_schema_file: Path | None = None
+    grammar: str | None = None
+    grammar_file: Path | None = None
+
+    def constraint(self) -> Grammar | None:
+        """The constraint asked for, checked (a bad one fails here, before any loading)."""
+        given = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+        if len(given) > 1:
+            names = " and ".join("--" + name.replace("_", "-") for name in given)
+            raise LlogosError(f"give one of --json-schema, --json-schema-file, --grammar and --grammar-file, not {names}")
+        if not given:
+            return None
+        name = given[0]
+        value = getattr(self, name)
+        text = value if not name.endswith("_file") else read_file(value, name.replace("_", " "))
+        return Grammar.json_schema(text) if name.startswith("json_schema") else Grammar.gbnf(text)
 
 
-def sampling_params(opts: dict, model_defaults: dict) -> SamplingParams:
-    values = {}
-    for name in SamplingParams.__slots__:
-        if opts.get(name) is not None:
-            values[name] = opts[name]
-        elif name in model_defaults:
-            values[name] = model_defaults[name]
-    try:
-        return SamplingParams(**values)
-    except TypeError as e:
-        raise LlogosError(f"bad sampling default in models.toml: {e}") from None
-
-
-def cache_types(opts: dict) -> tuple[str | None, str | None]:
-    """--cache-type-k/-v; None leaves the choice to the backend."""
-    return opts.get("cache_type_k"), opts.get("cache_type_v")
-
-
-def threads(opts: dict) -> tuple[int, int]:
-    """-t and -tb (0: auto)."""
-    return opts.get("threads") or 0, opts.get("threads_batch") or 0
+sampling_options = _grouped(_SAMPLING_OPTIONS, SamplingOverrides, "sampling")
+model_options = _grouped(_MODEL, LoadOptions, "model")
+template_options = _grouped(_TEMPLATE, TemplateChoice, "template")
+grammar_options = _grouped(_GRAMMAR, GrammarFlags, "grammar")
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str | None:
@@ -173,23 +173,3 @@ def parse_token_list(value: str) -> list[int]:
     if not ids:
         raise LlogosError("--tokens is empty")
     return ids
-
-
-def chat_format(opts: dict, meta: dict, entry: ModelEntry | None, tokenizer: Tokenizer) -> ChatFormat:
-    template = chat_template.resolve(opts.get("chat_template_file"), opts.get("chat_template"),
-                                     meta.get("tokenizer.chat_template"), entry.chat_template if entry else None)
-    if template is None:
-        raise LlogosError("the model has no chat template (none in the GGUF or models.toml); choose one with "
-                          f"--chat-template NAME ({', '.join(chat_template.BUILTIN)}) or --chat-template-file FILE")
-    return ChatFormat(template, tokenizer)
-
-
-def chat_format_or_none(opts: dict, meta: dict, entry: ModelEntry | None, tokenizer: Tokenizer) -> ChatFormat | None:
-    """The chat format for messages, where a model without a template can still run plain prompts:
-    None unless a template was asked for on the command line."""
-    try:
-        return chat_format(opts, meta, entry, tokenizer)
-    except LlogosError:
-        if opts.get("chat_template") or opts.get("chat_template_file"):
-            raise
-        return None

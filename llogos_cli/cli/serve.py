@@ -12,20 +12,14 @@ import threading
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import (
-    cache_types,
-    chat_format_or_none,
-    model_options,
-    sampling_options,
-    sampling_params,
-    template_options,
-    threads,
-)
+from llogos_cli.cli.options import model_options, sampling_options, template_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
+from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.prefix_cache import CACHE_RAM_MIB
+from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.errors import LlogosError
-from llogos_cli.model.loader import load, open_model
+from llogos_cli.model.loader import LoadOptions
 from llogos_cli.model.memory import PREFILL_BATCH
 
 GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM before they are cancelled
@@ -57,7 +51,8 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @template_options
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
-def serve(**o):
+def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, host, port, parallel, batch_size,
+          queue_size, n_predict, cache_prompt, cache_ram, api_key):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -69,19 +64,19 @@ def serve(**o):
         raise LlogosError(f"`llogos serve` needs the server extra ({e.name} is missing): "
                           "pip install 'llogos[server]'") from None
 
-    if o["api_key"] is not None and not o["api_key"].strip():
+    if api_key is not None and not api_key.strip():
         raise LlogosError("--api-key is empty")
-    mf = open_model(o["model_name"])
+    mf = model.open()
     tok = mf.tokenizer
-    params = sampling_params(o, mf.sampling_defaults)
-    chat = chat_format_or_none(o, mf.file.meta, mf.entry, tok)
-    n_ctx = mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
-    sock = _listen(o["host"], o["port"])
-    where = f"http://{_url_host(o['host'])}:{sock.getsockname()[1]}"
+    params = sampling.params(mf.sampling_defaults)
+    chat = template.format_or_none(mf)
+    n_ctx = model.n_ctx(mf)
+    sock = _listen(host, port)
+    where = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
     model_id = mf.entry.name if mf.entry else mf.path.name
-    if not _loopback(o["host"]):
-        warn(f"listening on {o['host']}: other machines can reach this server"
-             f"{'' if o['api_key'] else ', and it has no --api-key'}")
+    if not _loopback(host):
+        warn(f"listening on {host}: other machines can reach this server"
+             f"{'' if api_key else ', and it has no --api-key'}")
     failure: list[BaseException] = []
 
     def start(loop):
@@ -89,17 +84,17 @@ def serve(**o):
 
     def load_then_run(loop):
         try:
-            m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), o["parallel"], threads=threads(o))
-            engine = BatchEngine(m.model, tok, o["parallel"], n_ctx, cache_types(o), o["batch_size"],
-                                 o["cache_ram"] << 20 if o["cache_prompt"] else 0, keep_slots=o["cache_prompt"])
+            m = model.load(mf, n_ctx, parallel)
+            engine = BatchEngine(m.model, tok, parallel, n_ctx, model.cache_types, batch_size,
+                                 cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt)
         except (LlogosError, MemoryError) as e:
             failure.append(e)
             app.state.server.should_exit = True
             return
-        thread = EngineThread(engine, loop, o["parallel"], o["queue_size"], shared.metrics)
+        thread = EngineThread(engine, loop, parallel, queue_size, shared.metrics)
         thread.start()
-        shared.loaded = LoadedModel(thread, tok, chat, RequestDefaults(params, o["n_predict"]), n_ctx)
-        slots = f"{o['parallel']} slot{'s' if o['parallel'] > 1 else ''}"
+        shared.loaded = LoadedModel(thread, tok, chat, RequestDefaults(params, n_predict), n_ctx)
+        slots = f"{parallel} slot{'s' if parallel > 1 else ''}"
         err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.backend.name}, {slots} of {n_ctx} tokens)",
                   markup=False, highlight=False, soft_wrap=True)
 
@@ -111,7 +106,7 @@ def serve(**o):
         if shared.loaded is not None:
             shared.loaded.engine.stop(timeout=GRACE_S)
 
-    shared = ServerState(model_id, o["api_key"], Metrics(o["parallel"]), start, stop)
+    shared = ServerState(model_id, api_key, Metrics(parallel), start, stop)
     app = create_app(shared)
     run(app, sock, GRACE_S, close)
     if failure:

@@ -12,12 +12,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import cache_types, model_name_option, model_options, read_prompt, threads
+from llogos_cli.cli.options import model_name_option, model_options, read_prompt
 from llogos_cli.console import err
 from llogos_cli.engine.perplexity import perplexity
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import memory
-from llogos_cli.model.loader import ModelFile, load, open_model, open_tokenizer
+from llogos_cli.model.loader import LoadOptions, ModelFile, open_model, open_tokenizer
 from llogos_cli.model.registry import (
     find_entry,
     is_installed,
@@ -184,14 +184,13 @@ def _model_and_text(args: tuple[str, ...], model_name: str | None) -> tuple[str 
               help="Text to score.")
 @click.option("--chunks", type=click.IntRange(min=0), default=0, help="Score at most this many chunks (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def perplexity_cmd(file, chunks, as_json, **o):
+def perplexity_cmd(model: LoadOptions, file, chunks, as_json):
     """Perplexity of a text file, as llama-perplexity computes it."""
     text = read_prompt(None, file)
-    mf = open_model(o["model_name"])
-    n_ctx = 512 if o["ctx_size"] is None else mf.n_ctx(o["ctx_size"], o["allow_long_ctx"])
-    m = load(mf, o["backend"], o["cpu_weights"], n_ctx, cache_types(o), threads=threads(o))
-    run = functools.partial(perplexity, m.model, m.tokenizer, text, n_ctx, chunks,
-                            cache_types=cache_types(o))
+    mf = model.open()
+    n_ctx = 512 if model.ctx_size is None else model.n_ctx(mf)   # llama-perplexity's default chunk
+    m = model.load(mf, n_ctx)
+    run = functools.partial(perplexity, m.model, m.tokenizer, text, n_ctx, chunks, cache_types=model.cache_types)
     if err.is_terminal:
         columns = (TextColumn("perplexity"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[ppl]}"))
         with Progress(*columns, console=err, transient=True) as progress:

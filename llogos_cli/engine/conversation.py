@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llogos_cli.errors import LlogosError
+from llogos_cli.model.loader import ModelFile
+from llogos_cli.tokenizer import chat_template
 from llogos_cli.tokenizer.chat_template import ChatTemplate
 from llogos_cli.tokenizer.tokenizer import Tokenizer
 
@@ -110,3 +112,34 @@ def fit(fmt: ChatFormat, messages: list[Message], limit: int) -> tuple[list[Mess
                               f"{limit} the context has room for (raise it with -c/--ctx-size)")
         cut = next((i for i in range(1, len(rest)) if rest[i].role == "user"), len(rest) - 1)
         rest = rest[cut:]
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateChoice:
+    """The chat template asked for on the command line (--chat-template, --chat-template-file), if any."""
+    chat_template: str | None = None
+    chat_template_file: Path | None = None
+
+    @property
+    def given(self) -> bool:
+        return bool(self.chat_template or self.chat_template_file)
+
+    def format(self, mf: ModelFile) -> ChatFormat:
+        """The chat format: these flags' template, else the GGUF's, else models.toml's."""
+        template = chat_template.resolve(self.chat_template_file, self.chat_template,
+                                         mf.file.meta.get("tokenizer.chat_template"),
+                                         mf.entry.chat_template if mf.entry else None)
+        if template is None:
+            raise LlogosError("the model has no chat template (none in the GGUF or models.toml); choose one with "
+                              f"--chat-template NAME ({', '.join(chat_template.BUILTIN)}) or --chat-template-file FILE")
+        return ChatFormat(template, mf.tokenizer)
+
+    def format_or_none(self, mf: ModelFile) -> ChatFormat | None:
+        """The chat format for messages, where a model without a template can still run plain
+        prompts: None unless a template was asked for on the command line."""
+        try:
+            return self.format(mf)
+        except LlogosError:
+            if self.given:
+                raise
+            return None

@@ -60,6 +60,34 @@ class SamplingParams:
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class SamplingOverrides:
+    """The sampling flags given on a command line (None: not given), named as SamplingParams' fields."""
+    temp: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+
+    def params(self, model_defaults: dict) -> SamplingParams:
+        """The flags over the model's [models.X.sampling] defaults over SamplingParams' own."""
+        values = {}
+        for name in SamplingParams.__slots__:
+            given = getattr(self, name, None)
+            if given is not None:
+                values[name] = given
+            elif name in model_defaults:
+                values[name] = model_defaults[name]
+        try:
+            return SamplingParams(**values)
+        except TypeError as e:
+            raise LlogosError(f"bad sampling default in models.toml: {e}") from None
+
+
 def draw_seed() -> int:
     """A fresh random seed, for a run or a request that names none."""
     return int(np.random.SeedSequence().entropy % 2 ** 32)

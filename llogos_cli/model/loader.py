@@ -63,6 +63,35 @@ class Loaded:
         return self.source.tokenizer
 
 
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """Which model and how to load it: -m and the loading flags of every command that runs one
+    (and of each `llogos batch --ray` worker)."""
+    model_name: str | None = None
+    ctx_size: int | None = None
+    allow_long_ctx: bool = False
+    backend: str = "auto"
+    cpu_weights: str = "auto"
+    cache_type_k: str | None = None      # None leaves the choice to the backend
+    cache_type_v: str | None = None
+    threads: int = 0                     # 0: auto
+    threads_batch: int = 0
+
+    @property
+    def cache_types(self) -> tuple[str | None, str | None]:
+        return self.cache_type_k, self.cache_type_v
+
+    def open(self) -> ModelFile:
+        return open_model(self.model_name)
+
+    def n_ctx(self, mf: ModelFile) -> int:
+        return mf.n_ctx(self.ctx_size, self.allow_long_ctx)
+
+    def load(self, mf: ModelFile, n_ctx: int, n_slots: int = 1) -> Loaded:
+        return load(mf, self.backend, self.cpu_weights, n_ctx, self.cache_types, n_slots,
+                    threads=(self.threads, self.threads_batch))
+
+
 def open_model(name_or_path: str | None) -> ModelFile:
     t0 = time.perf_counter()
     path, entry = resolve_model(name_or_path, install=True)

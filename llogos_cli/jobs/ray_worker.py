@@ -12,19 +12,19 @@ import platform
 
 import numpy as np
 
-from llogos_cli.cli.batch_input import Line, LineError, to_request
-from llogos_cli.cli.batch_setup import set_up
+from llogos_cli.jobs.lines import Line, LineError, to_request
+from llogos_cli.jobs.spec import JobSpec, set_up
 from llogos_cli.errors import LlogosError
 
 
 class BatchWorker:
-    def __init__(self, options: dict, seed: int):
+    def __init__(self, spec: JobSpec, seed: int):
         # A failure here is kept for the calls to answer: Ray Data replaces an actor that dies
         # while being built, again and again, and an exception from a call reaches the driver
         # wrapped in Ray's, with stack traces; a row of its own reaches it as it is.
         self._error = None
         try:
-            self._setup = set_up(options, seed)
+            self._setup = set_up(spec, seed)
         except LlogosError as e:
             self._error = f"worker on node {platform.node()}: {e}"
 

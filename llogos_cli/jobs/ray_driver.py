@@ -16,12 +16,14 @@ import logging
 import math
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from llogos_cli.cli.batch_input import Done, LineError, read_lines
-from llogos_cli.cli.batch_output import Writer, folder_done, new_part, parts
-from llogos_cli.cli.batch_progress import Tally
-from llogos_cli.cli.batch_ray_worker import BatchWorker
+from llogos_cli.jobs.lines import Done, LineError, read_lines
+from llogos_cli.jobs.results import Output, Writer, folder_done, new_part, parts
+from llogos_cli.jobs.progress import Tally
+from llogos_cli.jobs.ray_worker import BatchWorker
+from llogos_cli.jobs.spec import JobSpec
 from llogos_cli.console import err
 from llogos_cli.errors import LlogosError
 
@@ -33,19 +35,27 @@ CALLS_PER_WORKER = 2
 _THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
-def run_on_ray(o: dict, lines: Iterable[str], seed: int) -> int:
-    """Run every line on the Ray cluster at o["ray"] (auto, local, HOST:PORT or ray://HOST:PORT),
-    writing results into the directory o["output"]; the number of failed prompts."""
-    folder = _output_dir(o)
-    done = folder_done(folder) if o["resume"] else Done()
+@dataclass(frozen=True, slots=True)
+class RayCluster:
+    """--ray and the flags that size its workers."""
+    address: str                       # auto, local, HOST:PORT or ray://HOST:PORT
+    workers: int | None = None         # None: one per GPU, else one per cpus_per_worker CPUs
+    cpus_per_worker: int | None = None
+
+
+def run_on_ray(spec: JobSpec, cluster: RayCluster, output: Output, lines: Iterable[str], seed: int) -> int:
+    """Run every line on the Ray cluster, writing results into the directory output.path; the
+    number of failed prompts."""
+    folder = _output_dir(output)
+    done = folder_done(folder) if output.resume else Done()
     ray = _import_ray()
-    _connect(ray, o["ray"])
+    _connect(ray, cluster.address)
     try:
-        workers, resources = _pool(ray, o)
-        refs, errors, n_rows, rows_per_call = _blocks(ray, lines, done, workers, o["parallel"])
-        err.print(f"[dim]{workers} Ray worker{'s' if workers > 1 else ''} of {o['parallel']} slots"
+        workers, resources = _pool(ray, cluster, spec.model.backend)
+        refs, errors, n_rows, rows_per_call = _blocks(ray, lines, done, workers, spec.parallel)
+        err.print(f"[dim]{workers} Ray worker{'s' if workers > 1 else ''} of {spec.parallel} slots"
                   f"{f'; resuming after {len(done)} results' if done else ''}[/dim]")
-        writer = Writer(new_part(folder), False, o["ordered"])
+        writer = Writer(new_part(folder), False, output.ordered)
         try:
             with Tally(len(errors) + n_rows) as tally:
                 for place, error in errors:
@@ -55,7 +65,7 @@ def run_on_ray(o: dict, lines: Iterable[str], seed: int) -> int:
                     # Ray Data builds its actor pools restartable with task retries (max_restarts=-1,
                     # max_task_retries): a dead worker is rebuilt and its batch runs again.
                     results = ray.data.from_arrow_refs(refs).map_batches(
-                        BatchWorker, fn_constructor_kwargs={"options": o, "seed": seed}, batch_size=rows_per_call,
+                        BatchWorker, fn_constructor_kwargs={"spec": spec, "seed": seed}, batch_size=rows_per_call,
                         batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers), **resources)
                     _collect(results, writer, tally)
         finally:
@@ -76,16 +86,16 @@ def _collect(results, writer: Writer, tally: Tally) -> None:
             tally.add(int(tokens), bool(failed))
 
 
-def _output_dir(o: dict) -> Path:
-    folder = o["output"]
+def _output_dir(output: Output) -> Path:
+    folder = output.path
     if folder is None:
         raise LlogosError("--ray writes a directory of results: give it with -o DIR")
     if folder.exists() and not folder.is_dir():
         raise LlogosError(f"{folder} is a file, but --ray writes a directory of results (one part file per run)")
     old = [p for p in parts(folder) if p.stat().st_size] if folder.is_dir() else []
-    if old and not (o["resume"] or o["overwrite"]):
+    if old and not (output.resume or output.overwrite):
         raise LlogosError(f"{folder} already holds results: add --resume to continue them or --overwrite to replace them")
-    if old and o["overwrite"] and not o["resume"]:
+    if old and output.overwrite and not output.resume:
         for p in parts(folder):
             p.unlink()
     return folder
@@ -120,19 +130,19 @@ def _connect(ray, address: str) -> None:
     context.print_on_execution_start = False
 
 
-def _pool(ray, o: dict) -> tuple[int, dict]:
+def _pool(ray, cluster: RayCluster, backend: str) -> tuple[int, dict]:
     """How many workers, and what each asks of Ray: a GPU each where the cluster has GPUs (unless
     --backend cpu), else --cpus-per-worker CPUs with its thread pools sized to them."""
     nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
     env = {k: v for k, v in os.environ.items() if k == "LLOGOS_OFFLINE"}   # --offline reaches every node
     gpus = int(sum(r.get("GPU", 0) for r in nodes))
-    if gpus and o["backend"] != "cpu":
-        return o["workers"] or gpus, {"num_gpus": 1, "runtime_env": {"env_vars": env}}
+    if gpus and backend != "cpu":
+        return cluster.workers or gpus, {"num_gpus": 1, "runtime_env": {"env_vars": env}}
     largest = int(max((r.get("CPU", 0) for r in nodes), default=0))
     if not largest:
         raise LlogosError("the Ray cluster has no CPUs for workers")
-    cpus = min(o["cpus_per_worker"] or CPUS_PER_WORKER, largest)
-    workers = o["workers"] or sum(int(r.get("CPU", 0)) // cpus for r in nodes)
+    cpus = min(cluster.cpus_per_worker or CPUS_PER_WORKER, largest)
+    workers = cluster.workers or sum(int(r.get("CPU", 0)) // cpus for r in nodes)
     return workers, {"num_cpus": cpus, "runtime_env": {"env_vars": env | dict.fromkeys(_THREADS, str(cpus))}}
 
 

@@ -14,10 +14,20 @@ import itertools
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from llogos_cli.cli.batch_input import Done
+from llogos_cli.jobs.lines import Done
 from llogos_cli.errors import LlogosError
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """-o, and what to do with the results it already holds."""
+    path: Path | None          # None: stdout
+    resume: bool = False       # keep them and run the rest
+    overwrite: bool = False    # replace them
+    ordered: bool = False      # write results in input order
 
 
 def file_done(path: Path) -> Done:
