@@ -22,7 +22,7 @@ from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.grammar import Grammar, Matcher
 from llogos_cli.engine.sampling import Sampler, SamplingParams
-from llogos_cli.engine.sequence import Sequence
+from llogos_cli.engine.completion import Completion
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.model.loader import load
 from llogos_cli.server.tool_calls import call_schema
@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--only-rows", action="store_true", help="skip compile times, host overhead and the 1-row runs")
     a = ap.parse_args()
     if a.masks == "inline":
-        Sequence.start_mask = lambda self: None
+        Completion.start_mask = lambda self: None
     loaded = load(a.model, "cpu", n_ctx=1024, n_slots=a.rows)
     model, tok = loaded.model, loaded.tokenizer
     Matcher(Grammar.json_object(), tok)   # the vocabulary view, built once per tokenizer

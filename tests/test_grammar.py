@@ -253,7 +253,7 @@ def test_the_batch_engine_starts_masks_before_the_forward_pass():
     run, started = engine.runner.run, []
 
     def run_and_look(work):
-        started.extend(w.row.seq.matcher._pending is not None for w in work if w.samples)
+        started.extend(w.row.completion.matcher._pending is not None for w in work if w.samples)
         return run(work)
 
     engine.runner.run = run_and_look

@@ -207,7 +207,7 @@ def test_a_template_without_tools_gets_them_in_a_system_message():
 def render_stream(pieces: list[str], names: set[str], parallel: bool = True) -> tuple[str, list[dict], str]:
     """What a client puts together from a ChatRenderer's chunks for a reply arriving in these pieces."""
     from llogos_cli.engine.batch import Result
-    from llogos_cli.engine.sequence import Timings, Token
+    from llogos_cli.engine.completion import Timings, Token
     from llogos_cli.server.render import ChatRenderer, Envelope
     renderer = ChatRenderer(Envelope("chatcmpl-x", "m", None, None, False, frozenset(names), parallel))
     chunks = renderer.first() + [c for p in pieces if (c := renderer.token(Token(1, p))) is not None]

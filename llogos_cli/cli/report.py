@@ -1,7 +1,7 @@
 """Timings in llama.cpp's shape, plus the memory bandwidth decode achieved."""
 
 from llogos_cli.console import err
-from llogos_cli.engine.sequence import Timings
+from llogos_cli.engine.completion import Timings
 from llogos_cli.model.loader import Loaded
 
 

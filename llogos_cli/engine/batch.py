@@ -25,7 +25,7 @@ from llogos_cli.engine.prefix_cache import BLOCK_SIZE, CACHE_RAM_MIB, BlockManag
 from llogos_cli.engine.runner import ModelRunner
 from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
-from llogos_cli.engine.sequence import Sequence, Timings, Token
+from llogos_cli.engine.completion import Completion, Timings, Token
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import memory
@@ -90,7 +90,7 @@ def row_seed(seed: int, request_id) -> int:
 @dataclass(slots=True, eq=False)
 class Row:
     request: Request
-    seq: Sequence
+    completion: Completion           # what it has generated, and whether that has ended
     tokens: list[int]                # prompt + generated; the last one is not yet in the cache
     slot: int = -1
     n_cached: int = 0                # tokens of this row in the cache
@@ -106,13 +106,13 @@ class Row:
     first_token: float = 0.0
 
     def result(self, now: float, stop: str | None = None) -> Result:
-        seq = self.seq
+        c = self.completion
         logprobs = [t.logprobs for t in self.emitted] if self.request.n_logprobs else None
-        timings = Timings(prompt_n=len(seq.prompt) - self.prefix_hit, prompt_ms=(self.first_token - self.started) * 1e3,
-                          predicted_n=len(seq.generated), predicted_ms=(now - self.first_token) * 1e3)
-        return Result(self.request.id, "".join(t.text for t in self.emitted) + seq.tail,
-                      [t.id for t in self.emitted], stop or seq.stop, timings, logprobs, prefix_hit=self.prefix_hit,
-                      context_full=seq.context_full)
+        timings = Timings(prompt_n=len(c.prompt) - self.prefix_hit, prompt_ms=(self.first_token - self.started) * 1e3,
+                          predicted_n=len(c.generated), predicted_ms=(now - self.first_token) * 1e3)
+        return Result(self.request.id, "".join(t.text for t in self.emitted) + c.tail,
+                      [t.id for t in self.emitted], stop or c.stop, timings, logprobs, prefix_hit=self.prefix_hit,
+                      context_full=c.context_full)
 
 
 class BatchEngine:
@@ -149,9 +149,9 @@ class BatchEngine:
         rows = [self._row(request) for request in requests]
         now = time.perf_counter()
         for row in rows:
-            if row.seq.stop is not None:   # nothing to generate (n_predict 0, or no room left)
+            if row.completion.stop is not None:   # nothing to generate (n_predict 0, or no room left)
                 self._done.append(Update(row.request.id, None, row.result(now)))
-        rows = [row for row in rows if row.seq.stop is None]
+        rows = [row for row in rows if row.completion.stop is None]
         if not rows:
             return
         self.scheduler.add(rows[0])
@@ -168,9 +168,9 @@ class BatchEngine:
         if any(not 0 <= t < n_vocab for t in request.prompt):
             raise LlogosError(f"a prompt token id is out of range (the vocabulary has {n_vocab} tokens)")
         check_fits(len(request.prompt), self.n_ctx)
-        seq = Sequence(self.tokenizer, request.prompt, Sampler(request.params, self.n_ctx), request.criteria,
-                       self.n_ctx, request.n_logprobs, request.special, request.grammar)
-        return Row(request, seq, list(request.prompt))
+        completion = Completion(self.tokenizer, request.prompt, Sampler(request.params, self.n_ctx), request.criteria,
+                                self.n_ctx, request.n_logprobs, request.special, request.grammar)
+        return Row(request, completion, list(request.prompt))
 
     def _release_forks(self, row: Row) -> None:
         """A first row's prompt is in the prefix cache (or never will be): its other choices may start."""
@@ -211,20 +211,20 @@ class BatchEngine:
             if not w.row.started:   # the row's first chunk
                 w.row.started = now
             if w.samples:   # a constrained row's mask is computed while the forward pass runs
-                w.row.seq.start_mask()
+                w.row.completion.start_mask()
         chosen = self.runner.run(work)
         now = time.perf_counter()
         self._keep_blocks(work)
         for w, (token_id, logprobs) in zip((w for w in work if w.samples), chosen):
             row = w.row
             row.n_cached = w.end
-            if not row.seq.generated:
+            if not row.completion.generated:
                 row.first_token = now
                 self._release_forks(row)
-            token = row.seq.push(token_id, logprobs)
+            token = row.completion.push(token_id, logprobs)
             if token is not None:
                 row.emitted.append(token)
-            if row.seq.stop is not None:
+            if row.completion.stop is not None:
                 self.scheduler.finish(row)
                 updates.append(Update(row.request.id, token, row.result(now)))
             else:

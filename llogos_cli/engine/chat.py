@@ -10,7 +10,7 @@ from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.conversation import ChatFormat, Message, fit, with_system
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.sampling import SamplingParams, draw_seed
-from llogos_cli.engine.sequence import Timings
+from llogos_cli.engine.completion import Timings
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 

@@ -7,7 +7,7 @@ the engine's steps only, not the consumer's time between tokens (a terminal, a p
 import time
 
 from llogos_cli.engine.batch import BatchEngine, Request, Result
-from llogos_cli.engine.sequence import Timings
+from llogos_cli.engine.completion import Timings
 
 
 class Generation:

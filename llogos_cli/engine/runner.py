@@ -60,7 +60,7 @@ class ModelRunner:
 
     def _sample(self, rows: list, logits) -> list[tuple[int, list | None]]:
         b = self.model.backend
-        greedy = [i for i, r in enumerate(rows) if r.seq.plain_greedy]
+        greedy = [i for i, r in enumerate(rows) if r.completion.plain_greedy]
         chosen: list = [None] * len(rows)
         if greedy:
             chosen_logits = logits if len(greedy) == len(rows) else logits[greedy]
@@ -74,14 +74,14 @@ class ModelRunner:
         if others:
             host = b.to_host(logits[others])
             for i, row_logits in zip(others, host):
-                chosen[i] = rows[i].seq.choose(row_logits)
+                chosen[i] = rows[i].completion.choose(row_logits)
         return chosen
 
 
 def _masks(rows: list, n: int) -> np.ndarray | None:
     """The rows' grammar bitmasks over n logits, (rows, words) uint32; every bit set for a row
     without a grammar; None if no row has one."""
-    bits = [r.seq.mask_bits() for r in rows]
+    bits = [r.completion.mask_bits() for r in rows]
     if all(b is None for b in bits):
         return None
     words = -(-n // 32)

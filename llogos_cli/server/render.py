@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from llogos_cli.engine.batch import Result
-from llogos_cli.engine.sequence import Token
+from llogos_cli.engine.completion import Token
 from llogos_cli.server import request_log
 from llogos_cli.server import schemas as s
 from llogos_cli.server import tool_calls

@@ -1,4 +1,4 @@
-"""One prompt's generation as it goes: the tokens sampled so far, their text, and why it ended.
+"""One prompt's completion as it goes: the tokens sampled so far, their text, and why it ended.
 
 The same per-token rules serve a single `generate` and every row of a batch: end-of-generation
 and chat end-of-turn tokens, the token limit, the room left in the context, stop strings, and a
@@ -41,10 +41,11 @@ def _per_second(n: int, ms: float) -> float:
     return round(n / ms * 1000.0, 3) if ms > 0 else 0.0
 
 
-class Sequence:
-    """Feed it sampled tokens with push(); `stop` is set ("eos", "limit" or "stop-string") once it
-    has ended, and `tail` holds the text released only at the end (a held-back stop-string prefix
-    or a partial UTF-8 character). A complete grammar ends it as "eos": the reply is whole."""
+class Completion:
+    """One prompt's completion: feed it sampled tokens with push(); `stop` is set ("eos", "limit" or
+    "stop-string") once it has ended, and `tail` holds the text released only at the end (a
+    held-back stop-string prefix or a partial UTF-8 character). A complete grammar ends it as
+    "eos": the reply is whole. The scheduled unit that holds it is the engine's Row."""
 
     def __init__(self, tokenizer, prompt: list[int], sampler: Sampler, criteria: StopCriteria, n_ctx: int,
                  n_logprobs: int = 0, special: bool = False, grammar: Grammar | None = None):
@@ -88,7 +89,7 @@ class Sequence:
         return self.sampler.sample(row, allowed), (top_logprobs(row, self.n_logprobs) if self.n_logprobs else None)
 
     def push(self, token_id: int, logprobs: list | None = None) -> Token | None:
-        """Fold in the next token: the Token to emit, or None when it ends the sequence unseen."""
+        """Fold in the next token: the Token to emit, or None when it ends the completion unseen."""
         crit = self.criteria
         self.generated.append(token_id)
         if self.matcher is not None:
