@@ -82,14 +82,15 @@ def _here(spec: JobSpec, out: Output, input_path: Path | None) -> int:
     source = _input(input_path)
     done = file_done(out_path) if out.resume else Done()
     total = _count_lines(source) if isinstance(source, Path) else None
-    s = set_up(spec, draw_seed())
-    err.print(f"[dim]{s.description}{_resuming(done)}[/dim]", soft_wrap=True)
+    setup = set_up(spec, draw_seed())
+    err.print(f"[dim]{setup.description}{_resuming(done)}[/dim]", soft_wrap=True)
     tally = Tally(None if total is None else max(total - len(done), 0))
     try:
         with _lines(source) as lines:
             writer = Writer(out_path, out.resume, out.ordered)
             try:
-                return _run(s.engine, read_items(lines, s.tokenizer, s.chat, s.defaults, done), writer, tally)
+                items = read_items(lines, setup.tokenizer, setup.chat, setup.defaults, done)
+                return _run(setup.engine, items, writer, tally)
             finally:
                 writer.close()
     except KeyboardInterrupt:

@@ -32,18 +32,19 @@ class BatchWorker:
         if self._error is not None:
             return {"place": np.array([-1]), "record": np.array([self._error], object),
                     "tokens": np.array([0]), "failed": np.array([True])}
-        s = self._setup
+        setup = self._setup
         answers: list[tuple[int, dict, int, bool]] = []   # (place in the input, result, tokens, failed)
         place_of: dict[str, int] = {}                      # request id -> its place in the input
         requests = []
         for place, number, rid, fields in zip(rows["place"], rows["line"], rows["id"], rows["fields"]):
-            item = to_request(Line(json.loads(rid), int(number), json.loads(fields)), s.tokenizer, s.chat, s.defaults)
+            line = Line(json.loads(rid), int(number), json.loads(fields))
+            item = to_request(line, setup.tokenizer, setup.chat, setup.defaults)
             if isinstance(item, LineError):
                 answers.append((int(place), item.as_dict(), 0, True))
             else:
                 place_of[repr(item.id)] = int(place)
                 requests.append(item)
-        for result in s.engine.generate(requests):
+        for result in setup.engine.generate(requests):
             answers.append((place_of[repr(result.id)], result.as_dict(), len(result.tokens), result.error is not None))
         return {"place": np.array([d[0] for d in answers], np.int64),
                 "record": np.array([json.dumps(d[1], ensure_ascii=False) for d in answers], object),

@@ -49,4 +49,5 @@ def set_up(spec: JobSpec, seed: int) -> BatchSetup:
     n_ctx = spec.model.n_ctx(mf)
     m = spec.model.load(mf, n_ctx, spec.parallel)
     engine = BatchEngine(m.model, mf.tokenizer, spec.parallel, n_ctx, spec.model.cache_types, spec.batch_size)
-    return BatchSetup(mf.tokenizer, chat, defaults, engine, f"{spec.parallel} slots of {n_ctx} tokens on {m.model.backend.name}")
+    where = f"{spec.parallel} slots of {n_ctx} tokens on {m.model.backend.name}"
+    return BatchSetup(mf.tokenizer, chat, defaults, engine, where)
