@@ -2,7 +2,9 @@
 
 A JSON line is {"id", "prompt"} or {"id", "messages"} with optional overrides of the sampling
 and stop flags, and optionally a "json_schema" (a schema object) or a "grammar" (GBNF text) that
-constrains that line's output alone; a line without "id" gets its line number. A file whose first
+constrains that line's output alone; a line without "id" gets its line number. Its fields are
+read with the server's request schema (RequestFields, in pydantic), so that a field means and is
+checked the same in a batch line as in a request to `llogos serve`. A file whose first
 non-blank line is not a JSON object is plain text: each non-blank line is a prompt, its id the
 line number. A line that cannot become a request is reported as an error of its own and never
 stops the others.
@@ -11,18 +13,17 @@ stops the others.
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Annotated
+
+from pydantic import Field, ValidationError, model_validator
 
 from llogos_cli.engine.batch import Request, row_seed
-from llogos_cli.engine.conversation import ChatFormat, parse_messages
+from llogos_cli.engine.conversation import ChatFormat, Message
 from llogos_cli.engine.grammar import Grammar
-from llogos_cli.engine.sampling import DRAW_SEED, REQUEST_FIELDS, SamplingParams
+from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
-
-# A line's sampling fields are the server's (REQUEST_FIELDS): whole numbers for these, any number otherwise.
-_WHOLE = {"top_k", "seed"}
-_FIELDS = {"id", "prompt", "messages", "n_predict", "max_tokens", "stop", "ignore_eos", "logprobs", "json_schema",
-           "grammar", *REQUEST_FIELDS}
+from llogos_cli.server.schemas import ChatMessage, RequestFields, explain
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,65 +127,57 @@ def _parse_json(line: str) -> dict:
     return fields
 
 
+class BatchLine(RequestFields):
+    """A JSON line: the server's request fields (RequestFields), its id, and its prompt or messages."""
+    id: str | int | None = None
+    prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    logprobs: Annotated[int, Field(ge=0)] | bool | None = None   # top log-probabilities per token (true: 1)
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of \"prompt\" and \"messages\"")
+        return self
+
+
 def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: LineDefaults) -> Request:
-    unknown = sorted(set(fields) - _FIELDS)
-    if unknown:
-        raise LlogosError(f"unknown field \"{unknown[0]}\" (known: {', '.join(sorted(_FIELDS))})")
-    if ("prompt" in fields) == ("messages" in fields):
-        raise LlogosError("give exactly one of \"prompt\" and \"messages\"")
+    try:
+        line = BatchLine.model_validate(fields)
+    except ValidationError as e:
+        raise LlogosError(explain(e.errors())) from None
+    given = line.model_fields_set
     criteria = d.criteria
-    if "stop" in fields:
-        stop = fields["stop"]
-        stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-            raise LlogosError("\"stop\" must be a string or a list of strings")
-        criteria = replace(criteria, stop_strings=tuple(stops))
-    if "messages" in fields:
+    if line.stop is not None:
+        criteria = replace(criteria, stop_strings=line.stops)
+    if line.messages is not None:
         if chat is None:
             raise LlogosError("\"messages\" needs a chat template (the model has none; see --chat-template)")
-        text = chat.text(parse_messages(fields["messages"], "\"messages\""))
+        text = chat.text([Message(m.role, m.text) for m in line.messages])
         ids = tokenizer.encode(text, add_bos=False)
         criteria = replace(criteria, stop_strings=criteria.stop_strings + chat.stop_strings(),
                            stop_ids=criteria.stop_ids | chat.stop_ids())
+    elif isinstance(line.prompt, str):
+        ids = tokenizer.encode(line.prompt)
     else:
-        ids = tokenizer.encode(_typed(fields, "prompt", str))
-    if "n_predict" in fields and "max_tokens" in fields:
-        raise LlogosError("give either \"n_predict\" or \"max_tokens\", not both")
-    for name in ("n_predict", "max_tokens"):
-        if name in fields:
-            n = _typed(fields, name, int)
-            if n < -1:
-                raise LlogosError(f"\"{name}\" must be -1 (no limit) or a count of tokens")
-            criteria = replace(criteria, n_predict=n)
-    if "ignore_eos" in fields:
-        criteria = replace(criteria, ignore_eos=_typed(fields, "ignore_eos", bool))
-    n_logprobs = d.n_logprobs
-    if "logprobs" in fields:
-        n_logprobs = _typed(fields, "logprobs", (bool, int))
-        if n_logprobs < 0:
-            raise LlogosError("\"logprobs\" must be the number of top log-probabilities to report")
-        n_logprobs = int(n_logprobs)
-    overrides = {field: _typed(fields, name, int if name in _WHOLE else (int, float))
-                 for name, field in REQUEST_FIELDS.items() if name in fields}
+        ids = list(line.prompt)   # token ids; the engine checks their range
+    if line.limit is not None:
+        criteria = replace(criteria, n_predict=line.limit)
+    if "ignore_eos" in given:
+        criteria = replace(criteria, ignore_eos=line.ignore_eos)
+    n_logprobs = d.n_logprobs if line.logprobs is None else int(line.logprobs)
+    overrides = line.sampling()
     if overrides.get("seed") == DRAW_SEED:   # the row's own, as without "seed"
         del overrides["seed"]
     overrides.setdefault("seed", row_seed(d.seed, rid))
-    return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs, _grammar(fields))
+    return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs, _grammar(line))
 
 
-def _grammar(fields: dict) -> Grammar | None:
-    if "json_schema" in fields and "grammar" in fields:
+def _grammar(line: BatchLine) -> Grammar | None:
+    if line.json_schema is not None and line.grammar is not None:
         raise LlogosError("give either \"json_schema\" or \"grammar\", not both")
-    if "json_schema" in fields:
-        return Grammar.json_schema(_typed(fields, "json_schema", (dict, bool, str)))
-    if "grammar" in fields:
-        return Grammar.gbnf(_typed(fields, "grammar", str))
+    if line.json_schema is not None:
+        return Grammar.json_schema(line.json_schema)
+    if line.grammar is not None:
+        return Grammar.gbnf(line.grammar)
     return None
-
-
-def _typed(fields: dict, name: str, kinds):
-    value = fields[name]
-    wrong_bool = isinstance(value, bool) and kinds is not bool and bool not in (kinds if isinstance(kinds, tuple) else ())
-    if wrong_bool or not isinstance(value, kinds):
-        raise LlogosError(f"\"{name}\" has the wrong type ({type(value).__name__})")
-    return value

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.errors import LlogosError
-from llogos_cli.server import schemas as s
+from llogos_cli.server import schemas
 from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
@@ -104,12 +104,12 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY) -> FastAPI:
         return PlainTextResponse(shared.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
-    async def models() -> s.ModelList:
-        return s.ModelList(data=[s.ModelCard(id=shared.model_id, created=shared.created)])
+    async def models() -> schemas.ModelList:
+        return schemas.ModelList(data=[schemas.ModelCard(id=shared.model_id, created=shared.created)])
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request):
-        body = _parse(s.ChatCompletionRequest, await request.body())
+        body = _parse(schemas.ChatCompletionRequest, await request.body())
         loaded = shared.ready()
         prepared = await run_in_threadpool(prepare_chat, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                            loaded.n_ctx)
@@ -117,7 +117,7 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request):
-        body = _parse(s.CompletionRequest, await request.body())
+        body = _parse(schemas.CompletionRequest, await request.body())
         loaded = shared.ready()
         prepared = await run_in_threadpool(prepare_completion, body, loaded.tokenizer, loaded.defaults,
                                            loaded.n_ctx)
@@ -235,29 +235,7 @@ def _parse(schema, raw: bytes):
         return schema.model_validate_json(raw)
     except ValidationError as e:
         code = "invalid_value" if e.errors()[0]["type"] == "literal_error" else None   # OpenAI's, for a value outside a set
-        raise ApiError(400, _explain(e.errors()), param=_param(e.errors()), code=code) from None
-
-
-def _explain(errors) -> str:
-    """One line from pydantic's errors: where, and what is wrong, in the API's field names."""
-    e = errors[0]
-    where = _where(e["loc"])
-    if e["type"] == "json_invalid":
-        return f"the body is not valid JSON: {e['msg'].removeprefix('Invalid JSON: ')}"
-    if e["type"] == "extra_forbidden":
-        return f"unknown field '{where}'"
-    if e["type"] == "model_type" and not where:
-        return "the body must be a JSON object"
-    message = e["msg"].removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
-
-
-def _where(loc) -> str:
-    # A union's members show in the path as their types ("str", "list[...]"): not the client's words.
-    return ".".join(str(p) for p in loc if isinstance(p, int) or not (p in _TYPE_TAGS or "[" in p))
-
-
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
+        raise ApiError(400, schemas.explain(e.errors()), param=_param(e.errors()), code=code) from None
 
 
 def _param(errors) -> str | None:

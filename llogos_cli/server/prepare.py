@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from llogos_cli.engine.batch import Request, row_seed
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.engine.grammar import Grammar, Matcher
-from llogos_cli.engine.sampling import DRAW_SEED, REQUEST_FIELDS, SamplingParams
+from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.server.errors import ApiError
@@ -125,7 +125,7 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
         raise ApiError(400, f"max_tokens {n_predict} does not fit: the prompt has {len(ids)} tokens and the "
                        f"context {n_ctx}, leaving {n_ctx - len(ids)}", code="context_length_exceeded",
                        param="max_tokens")
-    overrides = {field: getattr(body, name) for name, field in REQUEST_FIELDS.items() if getattr(body, name) is not None}
+    overrides = body.sampling()
     if body.logit_bias:
         overrides["logit_bias"] = _logit_bias(body.logit_bias, tokenizer.n_vocab)
     if overrides.get("seed") == DRAW_SEED:   # a random one, even over the server's --seed, as llama-server does

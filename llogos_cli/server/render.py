@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from llogos_cli.engine.batch import Result
 from llogos_cli.engine.completion import Token
 from llogos_cli.server import request_log
-from llogos_cli.server import schemas as s
+from llogos_cli.server import schemas
 from llogos_cli.server import tool_calls
 
 FINISH = {"eos": "stop", "stop-string": "stop", "limit": "length"}
@@ -70,22 +70,22 @@ class ChatRenderer(_Renderer):
     _held = ""              # streamed text not sent yet because it may be tool calls
     _holding = False        # a call marker was seen: the rest of the reply is held
 
-    def _chunk(self, delta: s.ChatDelta, finish: str | None = None, logprobs=None) -> bytes:
-        choice = s.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs)
+    def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None) -> bytes:
+        choice = schemas.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs)
         r = self.envelope
-        return r.sse(s.ChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[choice]))
+        return r.sse(schemas.ChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[choice]))
 
-    def _logprobs(self, ids: list[int], tops: list) -> s.ChatLogprobs:
+    def _logprobs(self, ids: list[int], tops: list) -> schemas.ChatLogprobs:
         content = []
         for token_id, top in zip(ids, tops):
             own, shown = self._top(token_id, top)
             text, raw = self._piece(token_id)
-            content.append(s.TokenLogprob(token=text, logprob=own, bytes=raw, top_logprobs=[
-                s.TopLogprob(token=t, logprob=lp, bytes=b) for t, b, lp in shown]))
-        return s.ChatLogprobs(content=content)
+            content.append(schemas.TokenLogprob(token=text, logprob=own, bytes=raw, top_logprobs=[
+                schemas.TopLogprob(token=t, logprob=lp, bytes=b) for t, b, lp in shown]))
+        return schemas.ChatLogprobs(content=content)
 
     def first(self) -> list[bytes]:
-        return [self._chunk(s.ChatDelta(role="assistant", content=""))]
+        return [self._chunk(schemas.ChatDelta(role="assistant", content=""))]
 
     def token(self, token: Token) -> bytes | None:
         text = self._release(token.text) if self.envelope.tools else token.text
@@ -93,7 +93,7 @@ class ChatRenderer(_Renderer):
             return None
         self.sent += text
         logprobs = None if self.envelope.n_top is None else self._logprobs([token.id], [token.logprobs])
-        return self._chunk(s.ChatDelta(content=text), logprobs=logprobs)
+        return self._chunk(schemas.ChatDelta(content=text), logprobs=logprobs)
 
     def _release(self, text: str) -> str:
         """What of the reply so far can be sent: none of what may be the start of tool calls."""
@@ -122,44 +122,44 @@ class ChatRenderer(_Renderer):
     def last(self, result: Result) -> list[bytes]:
         content, calls, finish = self._reply(result)
         if not calls:
-            return [self._chunk(s.ChatDelta(content=result.text[len(self.sent):] or None), finish)]
+            return [self._chunk(schemas.ChatDelta(content=result.text[len(self.sent):] or None), finish)]
         # What content is left, then each call whole, in OpenAI's delta shape.
         tail = content[len(self.sent):] if content and content.startswith(self.sent) else ""
-        chunks = [self._chunk(s.ChatDelta(content=tail))] if tail else []
-        chunks += [self._chunk(s.ChatDelta(tool_calls=[s.ToolCallDelta(
-            index=i, id=c.id, type="function", function=s.FunctionDelta(name=c.name, arguments=c.arguments))]))
+        chunks = [self._chunk(schemas.ChatDelta(content=tail))] if tail else []
+        chunks += [self._chunk(schemas.ChatDelta(tool_calls=[schemas.ToolCallDelta(
+            index=i, id=c.id, type="function", function=schemas.FunctionDelta(name=c.name, arguments=c.arguments))]))
             for i, c in enumerate(calls)]
-        chunks.append(self._chunk(s.ChatDelta(), finish))
+        chunks.append(self._chunk(schemas.ChatDelta(), finish))
         return chunks
 
-    def choice(self, result: Result) -> s.ChatChoice:
+    def choice(self, result: Result) -> schemas.ChatChoice:
         logprobs = None if self.envelope.n_top is None else self._logprobs(result.tokens, result.logprobs)
         content, calls, finish = self._reply(result)
-        made = [s.ToolCallOut(id=c.id, function=s.FunctionCallOut(name=c.name, arguments=c.arguments))
+        made = [schemas.ToolCallOut(id=c.id, function=schemas.FunctionCallOut(name=c.name, arguments=c.arguments))
                 for c in calls] or None
-        return s.ChatChoice(index=self.index, message=s.AssistantMessage(content=content, tool_calls=made),
+        return schemas.ChatChoice(index=self.index, message=schemas.AssistantMessage(content=content, tool_calls=made),
                             finish_reason=finish, logprobs=logprobs)
 
     @staticmethod
-    def whole(r: Envelope, choices: list[s.ChatChoice], usage: s.Usage) -> s.ChatCompletion:
-        return s.ChatCompletion(id=r.id, created=r.created, model=r.model, choices=choices, usage=usage)
+    def whole(r: Envelope, choices: list[schemas.ChatChoice], usage: schemas.Usage) -> schemas.ChatCompletion:
+        return schemas.ChatCompletion(id=r.id, created=r.created, model=r.model, choices=choices, usage=usage)
 
     @staticmethod
-    def usage_chunk(r: Envelope, usage: s.Usage) -> s.ChatCompletionChunk:
-        return s.ChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[], usage=usage)
+    def usage_chunk(r: Envelope, usage: schemas.Usage) -> schemas.ChatCompletionChunk:
+        return schemas.ChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[], usage=usage)
 
 
 class CompletionRenderer(_Renderer):
-    def _choice(self, text: str, finish: str | None, logprobs=None) -> s.CompletionChoice:
-        return s.CompletionChoice(index=self.index, text=text, finish_reason=finish, logprobs=logprobs)
+    def _choice(self, text: str, finish: str | None, logprobs=None) -> schemas.CompletionChoice:
+        return schemas.CompletionChoice(index=self.index, text=text, finish_reason=finish, logprobs=logprobs)
 
     def _sse(self, text: str, finish: str | None, logprobs=None) -> bytes:
         r = self.envelope
-        return r.sse(s.Completion(id=r.id, created=r.created, model=r.model,
+        return r.sse(schemas.Completion(id=r.id, created=r.created, model=r.model,
                                   choices=[self._choice(text, finish, logprobs)]))
 
-    def _logprobs(self, ids: list[int], tops: list, offset: int) -> s.CompletionLogprobs:
-        lp = s.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+    def _logprobs(self, ids: list[int], tops: list, offset: int) -> schemas.CompletionLogprobs:
+        lp = schemas.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
         for token_id, top in zip(ids, tops):
             own, shown = self._top(token_id, top)
             text = self._piece(token_id)[0]
@@ -184,17 +184,17 @@ class CompletionRenderer(_Renderer):
     def last(self, result: Result) -> list[bytes]:
         return [self._sse(result.text[len(self.sent):], FINISH[result.stop])]
 
-    def choice(self, result: Result) -> s.CompletionChoice:
+    def choice(self, result: Result) -> schemas.CompletionChoice:
         logprobs = None if self.envelope.n_top is None else self._logprobs(result.tokens, result.logprobs, 0)
         return self._choice(result.text, FINISH[result.stop], logprobs)
 
     @staticmethod
-    def whole(r: Envelope, choices: list[s.CompletionChoice], usage: s.Usage) -> s.Completion:
-        return s.Completion(id=r.id, created=r.created, model=r.model, choices=choices, usage=usage)
+    def whole(r: Envelope, choices: list[schemas.CompletionChoice], usage: schemas.Usage) -> schemas.Completion:
+        return schemas.Completion(id=r.id, created=r.created, model=r.model, choices=choices, usage=usage)
 
     @staticmethod
-    def usage_chunk(r: Envelope, usage: s.Usage) -> s.Completion:
-        return s.Completion(id=r.id, created=r.created, model=r.model, choices=[], usage=usage)
+    def usage_chunk(r: Envelope, usage: schemas.Usage) -> schemas.Completion:
+        return schemas.Completion(id=r.id, created=r.created, model=r.model, choices=[], usage=usage)
 
 
 class Choices:
@@ -236,10 +236,10 @@ class Choices:
         choices = [self._renderers[i].choice(self._results[i]) for i in range(len(self._renderers))]
         return self._kind.whole(self.envelope, choices, self.usage())
 
-    def usage(self) -> s.Usage:
+    def usage(self) -> schemas.Usage:
         """The prompt counted once, the completions of every choice; cached tokens are the first
         choice's (the others start from the blocks it left, which are not the client's doing)."""
         n = sum(r.timings.predicted_n for r in self._results.values())
         request_log.note_tokens(self.prompt_n, n)
-        return s.Usage(prompt_tokens=self.prompt_n, completion_tokens=n, total_tokens=self.prompt_n + n,
-                       prompt_tokens_details=s.PromptTokensDetails(cached_tokens=self._results[0].prefix_hit))
+        return schemas.Usage(prompt_tokens=self.prompt_n, completion_tokens=n, total_tokens=self.prompt_n + n,
+                       prompt_tokens_details=schemas.PromptTokensDetails(cached_tokens=self._results[0].prefix_hit))

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from llogos_cli.engine.sampling import DRAW_SEED
+from llogos_cli.engine.sampling import DRAW_SEED, REQUEST_FIELDS
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 16
@@ -112,11 +112,9 @@ class ResponseFormat(_Strict):
 Count = Annotated[int, Field(ge=-1)]   # -1: until end of generation or a full context
 
 
-class _Generation(_Strict):
-    """What chat and text completions share: the model, sampling, limits and streaming."""
-    model: str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
+class RequestFields(_Strict):
+    """What every request to the engine may say, in the API's names: limits, sampling, stops and a
+    constraint. The server's requests and each line of `llogos batch` are read with these."""
     max_tokens: Count | None = None
     n_predict: Count | None = None            # llama-server's name for max_tokens
     temperature: Annotated[float, Field(ge=0.0)] | None = None
@@ -129,11 +127,8 @@ class _Generation(_Strict):
     seed: Annotated[int, Field(ge=DRAW_SEED, lt=2 ** 64)] | None = None   # DRAW_SEED: a random one
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     ignore_eos: bool = False
-    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1   # choices, each sampled on its own
-    user: str | None = None                   # accepted for OpenAI clients that send it; unused
-    json_schema: dict[str, Any] | None = None  # llama-server's: constrain the output to this schema
+    json_schema: dict[str, Any] | bool | None = None   # llama-server's: constrain the output to this schema
     grammar: str | None = None                # llama-server's: constrain the output to this GBNF grammar
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None   # token id -> bias
 
     @property
     def limit(self) -> int | None:
@@ -144,9 +139,9 @@ class _Generation(_Strict):
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+    def sampling(self) -> dict:
+        """The sampling fields given, as SamplingParams' fields."""
+        return {field: getattr(self, name) for name, field in REQUEST_FIELDS.items() if getattr(self, name) is not None}
 
     @model_validator(mode="after")
     def _one_limit(self):
@@ -154,6 +149,20 @@ class _Generation(_Strict):
         if len(given) > 1:
             raise ValueError(f"give one of {' and '.join(given)}, not both")
         return self
+
+
+class _Generation(RequestFields):
+    """What chat and text completions add: the model, choices and streaming."""
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1   # choices, each sampled on its own
+    user: str | None = None                   # accepted for OpenAI clients that send it; unused
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None   # token id -> bias
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class ChatCompletionRequest(_Generation):
@@ -185,6 +194,28 @@ class CompletionRequest(_Generation):
     @property
     def n_top(self) -> int | None:
         return self.logprobs
+
+
+def explain(errors) -> str:
+    """One line from pydantic's errors: where, and what is wrong, in the API's field names."""
+    e = errors[0]
+    where = _where(e["loc"])
+    if e["type"] == "json_invalid":
+        return f"the body is not valid JSON: {e['msg'].removeprefix('Invalid JSON: ')}"
+    if e["type"] == "extra_forbidden":
+        return f"unknown field '{where}'"
+    if e["type"] == "model_type" and not where:
+        return "the body must be a JSON object"
+    message = e["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def _where(loc) -> str:
+    # A union's members show in the path as their types ("str", "list[...]"): not the client's words.
+    return ".".join(str(p) for p in loc if isinstance(p, int) or not (p in _TYPE_TAGS or "[" in p))
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
 # --------------------------------------------------------------------------------------- responses
