@@ -247,3 +247,26 @@ def test_joined_matrices_multiply_as_each_alone(qtype, rows):
         for out, w in zip(joined.matmuls(x, ws), separate):
             assert out.flags.c_contiguous
             assert np.array_equal(out, alone.matmul(x, w))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_mxfp4_scales_from_subnormal_to_large(isa):
+    """MXFP4's E8M0 scales 2^(e - 128) turned into float32 in the kernel, e = 0 and 1 (subnormal
+    multipliers) included: each row, of one scale, is its weights times the quantized activations."""
+    rng = np.random.default_rng(5)
+    exponents = np.array([0, 1, 2, 3, 64, 100, 127, 128, 129, 150, 0, 1, 120, 126, 140, 2, 7], np.uint8)
+    raw = random_rows(QType.MXFP4, len(exponents), 4 * BLOCK, rng).reshape(len(exponents), 4, 17)
+    raw[:, :, 0] = exponents[:, None]
+    raw = raw.reshape(len(exponents), -1)
+    x = rng.standard_normal((2, 4 * BLOCK)).astype(np.float32)
+    w = gguf_quants.dequantize(raw, QType.MXFP4).astype(np.float64)
+    xq, dx = cpu_quant._quantize8(x, False)[:2]
+    expected = _dequantized(xq, dx, 4 * BLOCK) @ w.T
+    ours = _product(isa, x, raw, QType.MXFP4)
+    # A block's float32 scale d · dx lies below float32's normal numbers for e 0 and 1: it is then
+    # held to 2^-149, which its block's integer sum multiplies.
+    values = (w / 2.0 ** (exponents[:, None].astype(np.float64) - 128)).reshape(len(exponents), 4, BLOCK)
+    isums = np.abs(np.einsum("rbk,tbk->trb", values, xq.reshape(2, 4, BLOCK).astype(np.float64))).sum(axis=2)
+    for r in range(len(exponents)):   # row by row: their magnitudes differ by 2^150
+        bound = 1e-5 * np.abs(expected[:, r]).max() + 2.0 ** -149 * isums[:, r]
+        assert (np.abs(ours[:, r] - expected[:, r]) <= bound).all(), exponents[r]

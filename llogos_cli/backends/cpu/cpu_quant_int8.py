@@ -2,7 +2,7 @@
 quantized matrix, in integer SIMD (cpu_simd_int8).
 
 Each product quantizes its activations once, in one of two forms, both one byte an element:
-- for the plain 32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), llama.cpp's Q8_0 / Q8_1: blocks
+- for the plain 32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4), llama.cpp's Q8_0 / Q8_1: blocks
   of 32 with dx = max|x| / 127 and xq = round(x / dx), within dx / 2 of x, and xsum = Σ xq, in
   element order (quantize_blocks);
 - for the K types (Q3_K, Q4_K, Q5_K, Q6_K), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
@@ -29,20 +29,23 @@ from llogos_cli.backends.cpu.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_d
 BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
 K_SUM = 16         # elements of each of a K block's sums
-PLAIN_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1})
+PLAIN_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.MXFP4})
 K_TYPES = frozenset({QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K})
 TYPES = PLAIN_TYPES | K_TYPES
 TOKENS = 4   # tokens a row is multiplied with at once, its blocks decoded once for them
 WIDE = 8     # ... and in prompts, while that many are left: the blocks decoded once for twice the tokens
 MATRICES = 4   # products one call runs together (sharing an input), padded to this many
-_q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (tile_dot8(n, 1) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
-_q8_04, _q4_04, _q4_14, _q5_04, _q5_14 = (tile_dot8(n, TOKENS) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
+_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _mxfp4 = (tile_dot8(n, 1) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"))
+_q8_04, _q4_04, _q4_14, _q5_04, _q5_14, _mxfp44 = (tile_dot8(n, TOKENS)
+                                                  for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"))
 _q3_k, _q4_k, _q5_k, _q6_k = (k_tile_dot8(n, 1) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
 _q3_k4, _q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
-_q8_08, _q4_08, _q4_18, _q5_08, _q5_18 = (tile_dot8(n, WIDE) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
+_q8_08, _q4_08, _q4_18, _q5_08, _q5_18, _mxfp48 = (tile_dot8(n, WIDE)
+                                                  for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"))
 _q3_k8, _q4_k8, _q5_k8, _q6_k8 = (k_tile_dot8(n, WIDE) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
 _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QType.Q3_K), int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
+_MXFP4 = int(QType.MXFP4)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
 _quantize_plain, _quantize_k = quantize8(BLOCK, BLOCK), quantize8(K_BLOCK, K_SUM)
 
@@ -185,8 +188,13 @@ def _tile_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
     last, -> their tiles (TILED) in out's memory from its first byte on, the last tile's rows past
     raw's zeros (out: the packed array's rows from the same row on, whose memory runs on to the
     end of a whole tile)."""
-    size, d_at, m_at, qh_at, qs_at, _ = PLAIN[name]
     tile, td, tm, masks_at, quants_at, _ = TILED[name]
+    if name == "mxfp4":   # GGUF: the E8M0 byte, then 16 bytes of nibbles as Q4_0's
+        blocks, dest = _tiles_of(raw, 17, out, tile)
+        dest[..., td:td + TILE] = blocks[..., 0]
+        dest[..., quants_at:quants_at + TILE * 16] = _as_vectors(blocks[..., 1:17])
+        return
+    size, d_at, m_at, qh_at, qs_at, _ = PLAIN[name]
     blocks, dest = _tiles_of(raw, size, out, tile)                 # (tiles, blocks, row, byte), (tiles, blocks, tile)
     lead = blocks.shape[:2]
     dest[..., td:td + 2 * TILE] = blocks[..., d_at:d_at + 2].reshape(*lead, 2 * TILE)
@@ -281,6 +289,8 @@ def _dot4(rows, code, c, xq, dx, xs, t, isa, sums):
         _q6_k4(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q3_K:
         _q3_k4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _MXFP4:
+        _mxfp44(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -303,6 +313,8 @@ def _dot8(rows, code, c, xq, dx, xs, t, isa, sums):
         _q6_k8(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q3_K:
         _q3_k8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _MXFP4:
+        _mxfp48(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k8(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -325,6 +337,8 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
         _q6_k(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q3_K:
         _q3_k(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _MXFP4:
+        _mxfp4(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k(rows, c, xq, dx, xs, t, isa, sums)
 

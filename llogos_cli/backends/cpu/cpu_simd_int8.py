@@ -35,6 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from llogos_cli.gguf.quants import MXFP4_VALUES
 from llogos_cli.backends.cpu.cpu_simd import (
     F32,
     I8,
@@ -94,7 +95,9 @@ def _call(builder, name: str, ret: ir.Type, *args):
 # bytes in which int32 lane i holds row i's: four vectors of nibbles for the 4- and 5-bit types
 # (byte b of lane i of vector n: row i's quant 4n + b in the low nibble, 16 + 4n + b in the high),
 # eight of signed bytes for Q8_0 (vector n: quants 4n..4n+3); mask 2n + h's bit 4i + b is the fifth
-# bit of quant 16h + 4n + b of row i. name: (bytes, d at, m at, masks at, quants at, the quants' bias).
+# bit of quant 16h + 4n + b of row i. MXFP4 keeps its scales as their E8M0 bytes (2^(e - 128)
+# each, MXFP4's values doubled) and its nibbles as Q4_0's, each an index into MXFP4_U, the values
+# plus 12. name: (bytes, d at, m at, masks at, quants at, the quants' bias).
 TILE = 16
 TILED = {
     "q8_0": (TILE * 34, 0, None, None, 32, 0),
@@ -102,7 +105,9 @@ TILED = {
     "q4_1": (TILE * 20, 0, 32, None, 64, 0),
     "q5_0": (TILE * 22, 0, None, 32, 96, 16),
     "q5_1": (TILE * 24, 0, 32, 64, 128, 0),
+    "mxfp4": (TILE * 17, 0, None, None, TILE, 12),
 }
+MXFP4_U = [int(v) + 12 for v in MXFP4_VALUES]   # unsigned, 0..24: a nibble's u, looked up in one shuffle
 
 
 def _tile_halves(context, builder, rows_t, rows, o):
@@ -111,9 +116,30 @@ def _tile_halves(context, builder, rows_t, rows, o):
     return builder.fpext(halves, vec(F32, TILE))
 
 
-def _tile_quants(context, builder, rows_t, rows, o, name: str) -> list:
+def _tile_e8m0(context, builder, rows_t, rows, o):
+    """The TILE E8M0 bytes at byte o of rows as <TILE x float> 2^(e - 128): float32's bits (e - 1) << 23,
+    or for e 0 and 1 (below float32's normal numbers) the subnormal 2^21 << e."""
+    e = builder.zext(load(context, builder, rows_t, rows, o, I8, TILE), vec(I32, TILE))
+    normal = builder.shl(builder.sub(e, const(I32, TILE, 1)), const(I32, TILE, 23))
+    tiny = builder.shl(const(I32, TILE, 1 << 21), e)
+    bits = builder.select(builder.icmp_unsigned(">=", e, const(I32, TILE, 2)), normal, tiny)
+    return builder.bitcast(bits, vec(F32, TILE))
+
+
+def _lookup(builder, isa: str, table: list, q):
+    """Each byte of q (<64 x i8>, 0..15) replaced by table[q]: `vpshufb` within each 16-byte lane,
+    on 512 bits with VNNI's AVX-512, on two 256-bit halves with AVX2."""
+    if isa == "vnni":
+        return _call(builder, "llvm.x86.avx512.pshuf.b.512", vec(I8, 64), ir.Constant(vec(I8, 64), table * 4), q)
+    halves = [_call(builder, "llvm.x86.avx2.pshuf.b", vec(I8, 32), ir.Constant(vec(I8, 32), table * 2),
+                    builder.shuffle_vector(q, q, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32)))))
+              for h in range(2)]
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, 64), list(range(64))))
+
+
+def _tile_quants(context, builder, rows_t, rows, o, name: str, isa: str) -> list:
     """A tile-block's quants as eight <64 x i8>, vector g holding each row's quants 4g..4g+3 (Q8_0's
-    signed, the others' unsigned)."""
+    signed, the others' unsigned; MXFP4's looked up in MXFP4_U)."""
     _, _, _, masks_at, quants_at, _ = TILED[name]
     if name == "q8_0":
         return [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * n), I8, 64) for n in range(8)]
@@ -121,6 +147,8 @@ def _tile_quants(context, builder, rows_t, rows, o, name: str) -> list:
     packed = [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * n), I8, 64) for n in range(4)]
     high = [builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)) for v in packed]
     quants = [builder.and_(v, low) for v in packed + high]
+    if name == "mxfp4":
+        return [_lookup(builder, isa, MXFP4_U, q) for q in quants]
     if masks_at is not None:   # the fifth bit where the mask has it
         for g in range(8):
             bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, o, masks_at + 8 * (2 * (g % 4) + g // 4)),
@@ -194,11 +222,12 @@ def tile_dot8(name: str, n_tok: int):
             with cgutils.for_range(builder, n_blocks) as loop:
                 o = builder.add(first, builder.mul(loop.index, ir.Constant(I64, size)))
                 _prefetch(context, builder, rows_t, rows, o, size)
-                d = _tile_halves(context, builder, rows_t, rows, at(builder, o, d_at))
+                scales = _tile_e8m0 if name == "mxfp4" else _tile_halves
+                d = scales(context, builder, rows_t, rows, at(builder, o, d_at))
                 offset = _tile_halves(context, builder, rows_t, rows, at(builder, o, m_at)) if m_at is not None else None
                 if bias:
                     offset = builder.fmul(d, const(F32, TILE, -float(bias)), flags=ORDERED)
-                quants = _tile_quants(context, builder, rows_t, rows, o, name)
+                quants = _tile_quants(context, builder, rows_t, rows, o, name, chosen)
                 for k, acc in enumerate(accs):
                     block = builder.add(builder.mul(builder.add(t, ir.Constant(I64, k)), per_token), loop.index)
                     words = load(context, builder, xq_t, xq, builder.mul(block, ir.Constant(I64, 32)), I32, 8)
