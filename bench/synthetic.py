@@ -63,9 +63,12 @@ class Spec:
     rope_dims: int = 0  # 0: all of head_dim
     hybrid: Hybrid | None = None
     experts: Experts | None = None
+    sliding_window: int = 0   # gpt-oss: every other layer attends this far back (its only family here)
 
     @property
     def arch(self) -> str:
+        if self.sliding_window:
+            return "gpt-oss"
         return "qwen35" if self.hybrid else "qwen3moe" if self.experts else "llama"
 
     @property
@@ -78,6 +81,8 @@ class Spec:
     def qtype(self, name: str, layer: int) -> Q:
         if self.mix == "q4_1":
             return Q.Q8_0 if name == "token_embd" else Q.Q4_1
+        if self.mix == "mxfp4":   # as gpt-oss ships: its experts in MXFP4, the other matrices in Q8_0
+            return Q.MXFP4 if name.endswith("_exps") else Q.Q8_0
         if name == "output" or (name == "token_embd" and self.tied):
             return Q.Q6_K
         # llama.cpp's Q4_K_M spends 6 bits on attn_v and ffn_down in the first and last eighth of
@@ -102,6 +107,10 @@ SPECS = {
     # Qwen3-30B-A3B: 8 of 128 experts of 768 a token, 3.3B of 30.5B weights active; Q3_K_M, ~14 GB.
     "qwen3-30b-a3b": Spec("qwen3-30b-a3b", 151936, 2048, 48, 32, 4, 768, 1e6, False, "q3_k_m",
                           head_dim=128, experts=Experts(128, 8, 768)),
+    # gpt-oss-20b: 4 of 32 experts of 2880 a token, 3.6B of 21B weights active; attention of 64
+    # heads of 64 (sinks, biases) windowed to 128 tokens in every other layer; ~12 GB.
+    "gpt-oss-20b": Spec("gpt-oss-20b", 201088, 2880, 24, 64, 8, 2880, 150000.0, False, "mxfp4",
+                        head_dim=64, experts=Experts(32, 4, 2880), sliding_window=128),
 }
 
 # Values of the float16 scale fields per block type (byte offset, value): weights of standard

@@ -1,10 +1,10 @@
 """GGUF files of random weights in real model shapes, for the CPU benchmarks, and random GGUF rows for tests.
 
-    python bench/synthetic_gguf.py llama-1b|llama-8b [--out DIR]
+    python bench/synthetic_gguf.py llama-1b|llama-8b|qwen3-30b-a3b|gpt-oss-20b [--out DIR]
 
 Writes DIR/<shape>-<mix>.gguf (DIR: ~/.cache/llogos/bench) in the shapes and type mixes (Q4_K_M,
-Q3_K_M) of bench/synthetic.py's specs (the CUDA benchmark's), the mixture-of-experts shape
-(qwen3-30b-a3b) with its experts stacked, streamed a tensor at a time so that the 8B
+Q3_K_M, gpt-oss's MXFP4) of bench/synthetic.py's specs (the CUDA benchmark's), the
+mixture-of-experts shapes (qwen3-30b-a3b, gpt-oss-20b) with their experts stacked, streamed a tensor at a time so that the 8B
 shape needs no more memory than its largest tensor, with a random float16 scale per block and a
 BPE vocabulary llama.cpp accepts. Random weights: what a benchmark needs, not a working model.
 """
@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGUFWriter, RopeScalingType
 from gguf import GGMLQuantizationType as QType
 
 from bench.synthetic import SPECS, Spec, expert_matrices, layer_matrices
@@ -61,12 +61,24 @@ def _tensors(spec: Spec) -> list[tuple[str, int, int, int, QType]]:
     return out
 
 
-def _vectors(spec: Spec) -> list[tuple[str, int]]:
-    """(name, length) of the norms, float32."""
-    norms = ["attn_norm", "ffn_norm"] + (["attn_q_norm", "attn_k_norm"] if spec.experts else [])
-    return [("output_norm.weight", spec.n_embd)] + [
-        (f"blk.{il}.{n}.weight", spec.d_head if n in ("attn_q_norm", "attn_k_norm") else spec.n_embd)
-        for il in range(spec.n_layer) for n in norms]
+def _vectors(spec: Spec) -> list[tuple[str, tuple[int, ...], float]]:
+    """(name, shape, value) of the float32 tensors that are not matrices: norms (ones), and
+    gpt-oss's biases and attention sinks (zeros)."""
+    e, hd = spec.n_embd, spec.d_head
+    if spec.arch == "gpt-oss":
+        x = spec.experts
+        per_layer = [("attn_norm.weight", (e,), 1.0), ("post_attention_norm.weight", (e,), 1.0),
+                     ("attn_q.bias", (spec.n_head * hd,), 0.0), ("attn_k.bias", (spec.n_kv * hd,), 0.0),
+                     ("attn_v.bias", (spec.n_kv * hd,), 0.0), ("attn_output.bias", (e,), 0.0),
+                     ("attn_sinks.weight", (spec.n_head,), 0.0), ("ffn_gate_inp.bias", (x.n_expert,), 0.0),
+                     ("ffn_gate_exps.bias", (x.n_expert, x.n_ff), 0.0), ("ffn_up_exps.bias", (x.n_expert, x.n_ff), 0.0),
+                     ("ffn_down_exps.bias", (x.n_expert, e), 0.0)]
+    else:
+        per_layer = [("attn_norm.weight", (e,), 1.0), ("ffn_norm.weight", (e,), 1.0)]
+        if spec.experts:
+            per_layer += [("attn_q_norm.weight", (hd,), 1.0), ("attn_k_norm.weight", (hd,), 1.0)]
+    return [("output_norm.weight", (e,), 1.0)] + [(f"blk.{il}.{name}", shape, value)
+                                                  for il in range(spec.n_layer) for name, shape, value in per_layer]
 
 
 def write_model(shape: str, out: Path) -> Path:
@@ -93,10 +105,18 @@ def write_model(shape: str, out: Path) -> Path:
         w.add_expert_count(s.experts.n_expert)
         w.add_expert_used_count(s.experts.n_used)
         w.add_expert_feed_forward_length(s.experts.n_ff)
-    w.add_rope_dimension_count(hd)
+    if s.sliding_window:   # gpt-oss: YaRN-scaled RoPE from a 4096-token training context, as it ships
+        w.add_sliding_window(s.sliding_window)
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
+        w.add_rope_scaling_yarn_beta_fast(32.0)
+        w.add_rope_scaling_yarn_beta_slow(1.0)
+    else:
+        w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(s.rope_base)
-    w.add_layer_norm_rms_eps(1e-5 if s.arch == "llama" else 1e-6)
-    w.add_file_type({"q4_k_m": 15, "q3_k_m": 12}[s.mix])   # MOSTLY_Q4_K_M, MOSTLY_Q3_K_M
+    w.add_layer_norm_rms_eps(1e-6 if s.arch in ("qwen3moe", "qwen35") else 1e-5)
+    w.add_file_type({"q4_k_m": 15, "q3_k_m": 12, "mxfp4": 38}[s.mix])   # MOSTLY_Q4_K_M, _Q3_K_M, _MXFP4_MOE
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, s.n_vocab)])
@@ -105,8 +125,8 @@ def write_model(shape: str, out: Path) -> Path:
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     norms, matrices = _vectors(s), _tensors(s)
-    for name, n in norms:
-        w.add_tensor_info(name, (n,), np.dtype(np.float32), 4 * n)
+    for name, shape, _ in norms:
+        w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
     for name, stacked, rows, cols, qtype in matrices:
         block, size = GGML_QUANT_SIZES[qtype]
         shape = (rows, cols // block * size) if stacked == 1 else (stacked, rows, cols // block * size)
@@ -115,8 +135,8 @@ def write_model(shape: str, out: Path) -> Path:
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(0)
-    for _, n in norms:
-        w.write_tensor_data(np.ones(n, np.float32))
+    for _, shape, value in norms:
+        w.write_tensor_data(np.full(shape, value, np.float32))
     for _, stacked, rows, cols, qtype in matrices:
         raw = random_rows(qtype, stacked * rows, cols, rng)
         w.write_tensor_data(raw if stacked == 1 else raw.reshape(stacked, rows, -1))
@@ -127,7 +147,7 @@ def write_model(shape: str, out: Path) -> Path:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", choices=[n for n, s in SPECS.items() if s.arch in ("llama", "qwen3moe") and s.mix != "q4_1"])
+    ap.add_argument("shape", choices=[n for n, s in SPECS.items() if s.arch != "qwen35" and s.mix != "q4_1"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     print(write_model(args.shape, args.out or cache_dir("bench")))

@@ -27,3 +27,23 @@ def test_a_mixture_of_experts_shape_loads_and_runs(tmp_path, monkeypatch):
     assert (model.cfg.n_expert, model.cfg.n_expert_used, model.cfg.n_ff_exp) == (8, 2, 256)
     logits = model.forward(model.new_cache(1, 32), Batch.run(np.arange(5, 15), 0, 0, [9]))
     assert logits.shape == (1, 500) and np.all(np.isfinite(logits))
+
+
+def test_a_gpt_oss_shape_loads_and_runs(tmp_path, monkeypatch):
+    """gpt-oss's shape as it ships (experts MXFP4, the other matrices Q8_0, biases, sinks, windows,
+    YaRN): the tensors and keys its family needs, so that llogos (and llama.cpp) load it."""
+    spec = dataclasses.replace(synthetic.SPECS["gpt-oss-20b"], name="tiny-oss", n_layer=2, n_vocab=500, n_embd=256,
+                               n_head=4, n_kv=2, head_dim=64, n_ff=256, experts=synthetic.Experts(8, 2, 256),
+                               sliding_window=16)
+    monkeypatch.setitem(synthetic.SPECS, "tiny-oss", spec)
+    path = synthetic_gguf.write_model("tiny-oss", tmp_path)
+    f = GGUFFile(path)
+    assert f.arch == "gpt-oss" and f.tensors["blk.1.ffn_down_exps.bias"].shape == (8, 256)
+    types = {name: info.ggml_type for name, info in f.tensors.items()}
+    assert types["blk.1.ffn_up_exps.weight"] == QType.MXFP4 and types["blk.0.attn_q.weight"] == QType.Q8_0
+    assert types["output.weight"] == types["token_embd.weight"] == QType.Q8_0
+    model = load(path, "cpu", "quantized", n_ctx=64).model
+    cfg = model.cfg
+    assert (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp) == (8, 2, 256)
+    logits = model.forward(model.new_cache(1, 64), Batch.run(np.arange(5, 45), 0, 0, [39]))
+    assert logits.shape == (1, 500) and np.all(np.isfinite(logits))
