@@ -6,8 +6,8 @@ from pathlib import Path
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import drop_newline, model_options, sampling_options, template_options
-from llogos_cli.cli.repl import Repl, stream
+from llogos_cli.cli.options import drop_newline, model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.repl import Repl, ReplyOutput, stream
 from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.console import err, notice, warn
 from llogos_cli.engine.batch import BatchEngine
@@ -37,10 +37,11 @@ _BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Most tokens per reply; -1 = until the end of the turn or a full context.")
 @sampling_options
+@reasoning_option
 @click.option("--stats", is_flag=True, help="Timings of each reply on stderr (/stats shows the last one).")
 @click.option("--simple-io", is_flag=True, help="Plain terminal: no colours, no line editing.")
 def chat(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, system, system_file, messages,
-         interactive, print_prompt, n_predict, stats, simple_io):
+         interactive, print_prompt, n_predict, reasoning_format, stats, simple_io):
     """Talk with a model through its chat template.
 
     On a terminal this opens a conversation (type /help in it). With a message piped on stdin, or
@@ -72,14 +73,17 @@ def chat(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoi
     m = model.load(mf, n_ctx)
     # One slot that keeps its tokens for the next turn, and a prefix cache for /load and /clear.
     engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, keep_slots=True)
-    talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation)
+    talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation,
+                split_reasoning=reasoning_format == "auto")
     if in_terminal:
         if simple_io:
             err.no_color = True
         notice(f"chatting with {name} (template: {fmt.template.origin}); /help for commands, Ctrl-D to leave")
         Repl(talk, simple_io, stats).run()
         return
-    reply = talk.respond(stream)
+    out = ReplyOutput()
+    reply = talk.respond(out.answer, think=out.think)
+    out.end()
     stream("\n")
     if stats:
         notice(reply.summary())

@@ -84,6 +84,13 @@ _TEMPLATE = [
 ]
 
 
+# llama-server's name; "deepseek" is its name for what auto does with <think> models.
+reasoning_option = click.option(
+    "--reasoning-format", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+    help="auto: a reply's reasoning (<think>...</think>, gpt-oss's analysis channel) apart from its answer; "
+         "none: the reply's text as the model wrote it.")
+
+
 # Structured output, with llama.cpp's names: one of a JSON Schema or a GBNF grammar, inline or from a file.
 _GRAMMAR = [
     click.option("-j", "--json-schema", metavar="SCHEMA", help="Constrain the output to JSON valid under "

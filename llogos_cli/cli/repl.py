@@ -37,6 +37,30 @@ def stream(text: str) -> None:
     sys.stdout.flush()
 
 
+class ReplyOutput:
+    """A reply as it comes: its reasoning dim on stderr (progress, not the result), a line break
+    once the answer starts, and the answer on stdout."""
+
+    def __init__(self):
+        self.thinking = False
+
+    def think(self, text: str) -> None:
+        self.thinking = True
+        err.print(text, style="dim", end="", markup=False, highlight=False, soft_wrap=True)
+        err.file.flush()
+
+    def answer(self, text: str) -> None:
+        if text:
+            self.end()
+        stream(text)
+
+    def end(self) -> None:
+        """Close the reasoning's line, when the reply ended in it."""
+        if self.thinking:
+            self.thinking = False
+            err.print("", markup=False)
+
+
 class _Exit(Exception):
     """The user asked to leave."""
 
@@ -170,7 +194,11 @@ class Repl:
         try:
             with _ReplyInterrupts() as ctrl_c:
                 respond = self.chat.regenerate if regenerate else self.chat.respond
-                respond(stream, lambda: ctrl_c.requested)
+                out = ReplyOutput()
+                try:
+                    respond(out.answer, lambda: ctrl_c.requested, out.think)
+                finally:
+                    out.end()
         except KeyboardInterrupt:
             pass   # the second Ctrl-C: Chat kept what was written and dropped the half-updated context
         except LlogosError:

@@ -12,7 +12,7 @@ import threading
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import model_options, sampling_options, template_options
+from llogos_cli.cli.options import model_options, reasoning_option, sampling_options, template_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import TemplateChoice
@@ -49,10 +49,11 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
                    "0 turns the cache off.")
 @sampling_options
 @template_options
+@reasoning_option
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
 def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, host, port, parallel, batch_size,
-          queue_size, n_predict, cache_prompt, cache_ram, api_key):
+          queue_size, n_predict, cache_prompt, cache_ram, reasoning_format, api_key):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -93,7 +94,8 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
             return
         thread = EngineThread(engine, loop, parallel, queue_size, shared.metrics)
         thread.start()
-        shared.loaded = LoadedModel(thread, tok, chat, RequestDefaults(params, n_predict), n_ctx)
+        defaults = RequestDefaults(params, n_predict, split_reasoning=reasoning_format == "auto")
+        shared.loaded = LoadedModel(thread, tok, chat, defaults, n_ctx)
         slots = f"{parallel} slot{'s' if parallel > 1 else ''}"
         err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.backend.name}, {slots} of {n_ctx} tokens)",
                   markup=False, highlight=False, soft_wrap=True)

@@ -9,6 +9,7 @@ from llogos_cli.console import warn
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.conversation import ChatFormat, Message, fit, with_system
 from llogos_cli.engine.generation import Generation
+from llogos_cli.engine.reasoning import Split
 from llogos_cli.engine.sampling import SamplingParams, draw_seed
 from llogos_cli.engine.completion import Timings
 from llogos_cli.engine.stops import StopCriteria
@@ -17,10 +18,11 @@ from llogos_cli.errors import LlogosError
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    text: str
+    text: str               # the answer (the whole reply when its reasoning is not split off)
     stop: str               # "eos" (end of turn), "limit", "stop-string", "interrupted"
     prompt_tokens: int      # the whole rendered conversation; timings.prompt_n is the part prefilled
     timings: Timings
+    reasoning: str = ""     # what the model reasoned before its answer (<think>, gpt-oss's analysis)
 
     def summary(self) -> str:
         t = self.timings
@@ -43,8 +45,9 @@ class Chat:
     prefilled again from the first token that differs."""
 
     def __init__(self, fmt: ChatFormat, engine: BatchEngine, params: SamplingParams, n_predict: int,
-                 messages: list[Message]):
+                 messages: list[Message], split_reasoning: bool = True):
         self.fmt = fmt
+        self.split_reasoning = split_reasoning
         self.engine = engine
         self.params = params
         self.seed = params.seed if params.seed is not None else draw_seed()
@@ -69,9 +72,11 @@ class Chat:
         n_ctx, n = self.engine.n_ctx, self.criteria.n_predict
         return min(n, n_ctx // 2) if n >= 0 else n_ctx // 4
 
-    def respond(self, emit: Callable[[str], None], interrupted: Callable[[], bool] = lambda: False) -> Reply:
-        """Generate the assistant's next message, passing its text to `emit` as it comes, and add it
-        to the conversation, also when `interrupted()` turns true or Ctrl-C cuts it short."""
+    def respond(self, emit: Callable[[str], None], interrupted: Callable[[], bool] = lambda: False,
+                think: Callable[[str], None] = lambda text: None) -> Reply:
+        """Generate the assistant's next message, passing its answer's text to `emit` and its
+        reasoning's to `think` as they come, and add the answer to the conversation, also when
+        `interrupted()` turns true or Ctrl-C cuts it short."""
         self.last = None
         if not self.messages or self.messages[-1].role != "user":
             raise LlogosError("the conversation does not end with a user message: there is nothing to reply to")
@@ -82,32 +87,45 @@ class Chat:
             self.messages = kept
         self._turns += 1
         params = replace(self.params, seed=int(self._seeds.integers(2 ** 63)))
+        reasoning = self.fmt.reasoning(self.fmt.text(kept)) if self.split_reasoning else None
+        splitter = reasoning.splitter() if reasoning else None
         gen = Generation(self.engine, Request(f"turn-{self._turns}", ids, params, self.criteria))
-        pieces, stop = [], None
+        said = Split()
+        stop = None
+
+        def show(piece: Split) -> None:
+            nonlocal said
+            said += piece
+            if piece.reasoning:
+                think(piece.reasoning)
+            if piece.content:
+                emit(piece.content)
+
         tokens = iter(gen)
         try:
             for t in tokens:
-                pieces.append(t.text)
-                emit(t.text)
+                show(splitter.push(t.text) if splitter else Split(content=t.text))
                 if interrupted():
                     stop = "interrupted"
                     break
             else:
-                pieces.append(gen.tail)
-                emit(gen.tail)
+                show(splitter.push(gen.tail) if splitter else Split(content=gen.tail))
+            if splitter:
+                show(splitter.finish())
         except KeyboardInterrupt:   # the engine drops a cache cut inside a forward pass
             stop = "interrupted"
             raise
         finally:
             tokens.close()
-            self.last = Reply("".join(pieces), stop or gen.stop, len(ids), gen.timings)
+            self.last = Reply(said.content, stop or gen.stop, len(ids), gen.timings, said.reasoning)
             self.messages.append(Message("assistant", self.last.text))
         if gen.context_full:
             warn(f"the reply filled the context of {self.engine.n_ctx} tokens")
         return self.last
 
-    def regenerate(self, emit: Callable[[str], None], interrupted: Callable[[], bool] = lambda: False) -> Reply:
+    def regenerate(self, emit: Callable[[str], None], interrupted: Callable[[], bool] = lambda: False,
+                   think: Callable[[str], None] = lambda text: None) -> Reply:
         """Replace the last reply with a new one."""
         if self.messages and self.messages[-1].role == "assistant":
             self.messages.pop()
-        return self.respond(emit, interrupted)
+        return self.respond(emit, interrupted, think)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llogos_cli.errors import LlogosError
+from llogos_cli.engine.reasoning import Reasoning, style_of
 from llogos_cli.model.loader import ModelFile
 from llogos_cli.tokenizer import chat_template
 from llogos_cli.tokenizer.chat_template import ChatTemplate
@@ -88,13 +89,23 @@ class ChatFormat:
     def ids(self, messages: list[Message]) -> list[int]:
         return self.tokenizer.encode(self._body(messages))
 
+    def _end_of_turn(self) -> tuple[str, ...]:
+        # harmony's <|end|> closes each message of a reply (its reasoning, then its answer): the
+        # reply ends at <|return|> or <|call|>, which the vocabulary has as end-of-generation tokens.
+        harmony = style_of(self.template.source) == "harmony"
+        return tuple(m for m in self.template.end_of_turn if not (harmony and m == "<|end|>"))
+
     def stop_ids(self) -> frozenset[int]:
-        ids = (self.tokenizer.token_id(m) for m in self.template.end_of_turn)
+        ids = (self.tokenizer.token_id(m) for m in self._end_of_turn())
         return frozenset(i for i in ids if i is not None)
 
     def stop_strings(self) -> tuple[str, ...]:
         """End-of-turn markers this vocabulary has no single token for, to be caught as text."""
-        return tuple(m for m in self.template.end_of_turn if self.tokenizer.token_id(m) is None)
+        return tuple(m for m in self._end_of_turn() if self.tokenizer.token_id(m) is None)
+
+    def reasoning(self, prompt: str) -> Reasoning | None:
+        """How the reply to this rendered prompt writes its reasoning, if this model writes any."""
+        return Reasoning.of(self.template.source, prompt)
 
 
 def fit(fmt: ChatFormat, messages: list[Message], limit: int) -> tuple[list[Message], list[int]]:

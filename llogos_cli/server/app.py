@@ -137,7 +137,7 @@ async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, 
         raise ApiError(503, "the server is busy: every slot is taken and the queue is full", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     envelope = Envelope(prepared.id, shared.model_id, loaded.tokenizer, prepared.n_top, body.include_usage,
-                        prepared.tools, prepared.parallel_tool_calls)
+                        prepared.tools, prepared.parallel_tool_calls, prepared.reasoning)
     ids = [r.id for r in requests]
     choices = Choices(renderer_class, envelope, ids, len(requests[0].prompt))
     accepted = await _until_disconnect(events.get(), request)

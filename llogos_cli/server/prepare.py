@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from llogos_cli.engine.batch import Request, row_seed
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.engine.grammar import Grammar, Matcher
+from llogos_cli.engine.reasoning import Reasoning
 from llogos_cli.engine.sampling import DRAW_SEED, SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
@@ -23,6 +24,7 @@ class RequestDefaults:
     """What a request does not say: `llogos serve`'s flags over the model's defaults."""
     params: SamplingParams
     n_predict: int
+    split_reasoning: bool = True   # --reasoning-format auto: a reply's reasoning in reasoning_content
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,7 @@ class Prepared:
     n_top: int | None                  # top log-probabilities to report; None: none at all
     tools: frozenset[str] = frozenset()   # functions whose calls the reply is searched for
     parallel_tool_calls: bool = True
+    reasoning: Reasoning | None = None    # how the reply's reasoning is told from its answer
 
 
 def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None, defaults: RequestDefaults,
@@ -62,8 +65,10 @@ def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None
         grammar = _response_format(body)
     else:   # "required" or a named function: the reply is one call, whatever the model would rather say
         grammar = _grammar(lambda: Grammar.json_schema(tool_calls.call_schema(tools), lenient=True), "tools")
+    reasoning = chat.reasoning(text) if defaults.split_reasoning else None
     prepared = _prepared("chatcmpl", body, ids, criteria, defaults, n_ctx, tokenizer, grammar)
-    return replace(prepared, tools=frozenset(t["name"] for t in tools), parallel_tool_calls=body.parallel_tool_calls)
+    return replace(prepared, tools=frozenset(t["name"] for t in tools), parallel_tool_calls=body.parallel_tool_calls,
+                   reasoning=reasoning)
 
 
 def _response_format(body) -> Grammar | None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from llogos_cli.engine.batch import Result
 from llogos_cli.engine.completion import Token
+from llogos_cli.engine.reasoning import Reasoning, Split
 from llogos_cli.server import request_log
 from llogos_cli.server import schemas
 from llogos_cli.server import tool_calls
@@ -39,6 +40,7 @@ class Envelope:
     include_usage: bool = False        # a stream asked for usage (stream_options)
     tools: frozenset[str] = frozenset()
     parallel_tool_calls: bool = True
+    reasoning: Reasoning | None = None   # a chat reply's reasoning goes to reasoning_content
     created: int = field(default_factory=lambda: int(time.time()))
 
     def sse(self, chunk: BaseModel) -> bytes:
@@ -64,11 +66,18 @@ class _Renderer:
 
 
 class ChatRenderer(_Renderer):
-    """With tools, a stream holds back text from where tool calls may start (the reply's start, when
-    it could be a JSON call, or a call marker), and sends the calls, parsed, in its last chunks."""
+    """A reply's reasoning (where the envelope says how to tell it) streams as reasoning_content,
+    its answer as content. With tools, a stream holds back answer text from where tool calls may
+    start (the reply's start, when it could be a JSON call, or a call marker), and sends the calls,
+    parsed, in its last chunks."""
 
     _held = ""              # streamed text not sent yet because it may be tool calls
     _holding = False        # a call marker was seen: the rest of the reply is held
+    _thought = ""           # streamed reasoning so far
+
+    def __init__(self, envelope: Envelope, index: int = 0):
+        super().__init__(envelope, index)
+        self._splitter = envelope.reasoning.splitter() if envelope.reasoning else None
 
     def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None) -> bytes:
         choice = schemas.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs)
@@ -88,12 +97,15 @@ class ChatRenderer(_Renderer):
         return [self._chunk(schemas.ChatDelta(role="assistant", content=""))]
 
     def token(self, token: Token) -> bytes | None:
-        text = self._release(token.text) if self.envelope.tools else token.text
-        if not text and self.envelope.n_top is None:
+        piece = self._splitter.push(token.text) if self._splitter else Split(content=token.text)
+        text = self._release(piece.content) if self.envelope.tools else piece.content
+        if not text and not piece.reasoning and self.envelope.n_top is None:
             return None
         self.sent += text
+        self._thought += piece.reasoning
         logprobs = None if self.envelope.n_top is None else self._logprobs([token.id], [token.logprobs])
-        return self._chunk(schemas.ChatDelta(content=text), logprobs=logprobs)
+        return self._chunk(schemas.ChatDelta(content=text if text or not piece.reasoning else None,
+                                             reasoning_content=piece.reasoning or None), logprobs=logprobs)
 
     def _release(self, text: str) -> str:
         """What of the reply so far can be sent: none of what may be the start of tool calls."""
@@ -110,22 +122,29 @@ class ChatRenderer(_Renderer):
         self._held = held[cut:]
         return held[:cut]
 
-    def _reply(self, result: Result) -> tuple[str | None, list[tool_calls.ToolCall], str]:
-        """The reply's content, its tool calls, and its finish reason."""
+    def _split(self, result: Result) -> Split:
+        return self.envelope.reasoning.split(result.text) if self.envelope.reasoning else Split(content=result.text)
+
+    def _reply(self, answer: str, stop: str) -> tuple[str | None, list[tool_calls.ToolCall], str]:
+        """The answer's content, its tool calls, and the finish reason."""
         if not self.envelope.tools:
-            return result.text, [], FINISH[result.stop]
-        content, calls = tool_calls.parse(result.text, self.envelope.tools)
+            return answer, [], FINISH[stop]
+        content, calls = tool_calls.parse(answer, self.envelope.tools)
         if not calls:
-            return result.text, [], FINISH[result.stop]
+            return answer, [], FINISH[stop]
         return content, calls if self.envelope.parallel_tool_calls else calls[:1], "tool_calls"
 
     def last(self, result: Result) -> list[bytes]:
-        content, calls, finish = self._reply(result)
+        whole = self._split(result)
+        content, calls, finish = self._reply(whole.content, result.stop)
+        thought = whole.reasoning[len(self._thought):] or None   # what the splitter held to the end
         if not calls:
-            return [self._chunk(schemas.ChatDelta(content=result.text[len(self.sent):] or None), finish)]
-        # What content is left, then each call whole, in OpenAI's delta shape.
+            return [self._chunk(schemas.ChatDelta(content=whole.content[len(self.sent):] or None,
+                                                  reasoning_content=thought), finish)]
+        # What reasoning and content are left, then each call whole, in OpenAI's delta shape.
         tail = content[len(self.sent):] if content and content.startswith(self.sent) else ""
-        chunks = [self._chunk(schemas.ChatDelta(content=tail))] if tail else []
+        chunks = [self._chunk(schemas.ChatDelta(content=tail or None, reasoning_content=thought))] \
+            if tail or thought else []
         chunks += [self._chunk(schemas.ChatDelta(tool_calls=[schemas.ToolCallDelta(
             index=i, id=c.id, type="function", function=schemas.FunctionDelta(name=c.name, arguments=c.arguments))]))
             for i, c in enumerate(calls)]
@@ -134,11 +153,12 @@ class ChatRenderer(_Renderer):
 
     def choice(self, result: Result) -> schemas.ChatChoice:
         logprobs = None if self.envelope.n_top is None else self._logprobs(result.tokens, result.logprobs)
-        content, calls, finish = self._reply(result)
+        whole = self._split(result)
+        content, calls, finish = self._reply(whole.content, result.stop)
         made = [schemas.ToolCallOut(id=c.id, function=schemas.FunctionCallOut(name=c.name, arguments=c.arguments))
                 for c in calls] or None
-        return schemas.ChatChoice(index=self.index, message=schemas.AssistantMessage(content=content, tool_calls=made),
-                            finish_reason=finish, logprobs=logprobs)
+        message = schemas.AssistantMessage(content=content, reasoning_content=whole.reasoning or None, tool_calls=made)
+        return schemas.ChatChoice(index=self.index, message=message, finish_reason=finish, logprobs=logprobs)
 
     @staticmethod
     def whole(r: Envelope, choices: list[schemas.ChatChoice], usage: schemas.Usage) -> schemas.ChatCompletion:

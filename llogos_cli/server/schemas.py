@@ -266,13 +266,15 @@ class ToolCallOut(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None    # llama-server's and DeepSeek's: the reply's reasoning, apart
     tool_calls: list[ToolCallOut] | None = None
 
     @model_serializer(mode="wrap")
     def _calls_only_when_made(self, handler):
         body = handler(self)
-        if body.get("tool_calls") is None:
-            body.pop("tool_calls", None)
+        for optional in ("tool_calls", "reasoning_content"):
+            if body.get(optional) is None:
+                body.pop(optional, None)
         return body
 
 
@@ -307,6 +309,7 @@ class ToolCallDelta(_Sparse):
 class ChatDelta(_Sparse):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
