@@ -55,8 +55,9 @@ def test_quantized_estimate_is_what_the_cpu_holds(tiny):
     lookups = sum(f.tensors[name].nbytes for name, w in model.w.items() if hasattr(w, "in_products") and not w.in_products)
     estimate = memory.need(f, cfg, "quantized", 64, "f32", "f32").weights
     assert held + lookups <= estimate <= (held + lookups) * 1.01
-    # Q3_K's three-bit quants take nibbles and its scales a byte each once tiled: 146 bytes a block for 110
-    assert packed_bytes(GGMLQuantizationType.Q3_K, 110 * 1000) == 146 * 1000
+    # Q3_K's sixteen six-bit scales take a byte each once tiled: 114 bytes a block for 110
+    assert packed_bytes(GGMLQuantizationType.Q3_K, 110 * 1000) == 114 * 1000
+    assert packed_bytes(GGMLQuantizationType.MXFP4, 17 * 1000) == 17 * 1000
     assert packed_bytes(GGMLQuantizationType.Q4_K, 144 * 1000) == 148 * 1000
     assert packed_bytes(GGMLQuantizationType.IQ4_XS, 136 * 1000) == 136 * 1000   # not tiled: read in place
 

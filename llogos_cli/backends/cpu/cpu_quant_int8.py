@@ -143,16 +143,18 @@ def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
         dest[..., high_at:high_at + 512] = _k_masks(fifth.swapaxes(-1, -2), lead)
 
 
-_Q3_K_AT = (K_TILED["q3_k"][1], K_TILED["q3_k"][3], K_TILED["q3_k"][5])   # d, scales, quants
+_Q3_K_AT = tuple(K_TILED["q3_k"][i] for i in (1, 3, 5, 6))   # d, scales, two low bits, masks of the third
 
 
 @kernel
 def _tile_q3_k(raw, dest):
     """Q3_K rows (rows, blocks · 110 bytes: hmask 32, qs 64, 12 bytes of scales, d) -> their tiles
-    (dest (tiles, blocks, K_TILED bytes), zeros past the rows): d; the 16 six-bit scales less 32, one
-    signed byte each; quants u = two bits of qs and one of hmask (element 128h + 32k + l: bits 2k of
-    qs[32h + l], bit 4h + k of hmask[l]) as nibbles, groups 2g and 2g + 1 in vector g's bytes."""
-    d_at, scales_at, quants_at = _Q3_K_AT
+    (dest (tiles, blocks, K_TILED bytes), zeros, and zeros past the rows): d; the 16 six-bit scales
+    less 32, one signed byte each; quants u = two bits of qs and one of hmask (element 128h + 32k +
+    l: bits 2k of qs[32h + l], bit 4h + k of hmask[l]), their two low bits in pair g's vector n at
+    bits 2 (j - 2g) + 4 part for quant 4n + b + 16 part of group j, their third in mask 8j + l // 4,
+    bit 4i + l % 4 (i the row in the tile)."""
+    d_at, scales_at, low_at, masks_at = _Q3_K_AT
     for c in range(dest.shape[0]):
         for i in range(min(TILE, raw.shape[0] - TILE * c)):
             row = raw[TILE * c + i]
@@ -162,13 +164,14 @@ def _tile_q3_k(raw, dest):
                 for j in range(16):
                     sc = ((blk[96 + j % 8] >> (4 * (j // 8))) & 15) | (((blk[104 + j % 4] >> (2 * (j // 4))) & 3) << 4)
                     out[scales_at + TILE * j + i] = (sc + 224) & 255   # sc - 32, as a byte
-                for g in range(4):
-                    h, k = g // 2, 2 * (g % 2)
+                for j in range(8):
+                    h, k = j // 4, j % 4
                     for l in range(32):
-                        q, m = blk[32 + 32 * h + l], blk[l]
-                        lo = ((q >> (2 * k)) & 3) | (((m >> (4 * h + k)) & 1) << 2)
-                        hi = ((q >> (2 * k + 2)) & 3) | (((m >> (4 * h + k + 1)) & 1) << 2)
-                        out[quants_at + 512 * g + 64 * (l // 4) + 4 * i + l % 4] = lo | (hi << 4)
+                        u = ((blk[32 + 32 * h + l] >> (2 * k)) & 3) | (((blk[l] >> (4 * h + k)) & 1) << 2)
+                        where = low_at + 256 * (j // 2) + 64 * ((l % 16) // 4) + 4 * i + l % 4
+                        out[where] |= (u & 3) << (2 * (j % 2) + 4 * (l // 16))
+                        bit = 4 * i + l % 4
+                        out[masks_at + 8 * (8 * j + l // 4) + bit // 8] |= (u >> 2) << (bit % 8)
 
 
 def _k_vectors(per_group: np.ndarray, lead) -> np.ndarray:

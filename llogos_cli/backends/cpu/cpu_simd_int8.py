@@ -270,13 +270,13 @@ def _dot4(builder, isa: str, acc, u, x):
 # (high); Q5_K's fifth bits are 64 masks (8j + n: bit 4i + b for quant 4n + b of group j), Q6_K's
 # two high bits are 16 vectors (4g + n, n < 4), byte b of lane i holding those of quant 4n + b of
 # groups 2g, 2g + 1 (bits 0-3) and of quant 16 + 4n + b of both (bits 4-7). Q3_K's three-bit quants
-# (the two low bits and the hmask bit, 0..7 for weights d · scale · (u - 4)) take nibbles as
-# Q4_K's do, and its signed six-bit scales a byte each, per 16 as Q6_K's. Each is TILE times the
-# GGUF block's bytes but Q4_K's and Q5_K's, whose six-bit scales and mins take a byte each, and
-# Q3_K's (146 bytes a row for 110).
+# (0..7 for weights d · scale · (u - 4)) keep their two low bits as Q6_K keeps its two high ones
+# (16 vectors, 4g + n) and their third as Q5_K keeps its fifth (64 masks), and its signed six-bit
+# scales a byte each, per 16 as Q6_K's. Each is TILE times the GGUF block's bytes but Q4_K's and
+# Q5_K's, whose six-bit scales and mins take a byte each, and Q3_K's (114 bytes a row for 110).
 # name: (bytes, d at, dmin at, scales at, mins at, quants at, high bits at).
 K_TILED = {
-    "q3_k": (TILE * 146, 0, None, 32, None, 288, None),
+    "q3_k": (TILE * 114, 0, None, 32, None, 288, 1312),
     "q4_k": (TILE * 148, 0, 32, 64, 192, 320, None),
     "q5_k": (TILE * 180, 0, 32, 64, 192, 320, 2368),
     "q6_k": (TILE * 210, 0, None, 32, None, 288, 2336),
@@ -306,23 +306,36 @@ def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g) -> list:
 
     def base(per_g: int):   # o + per_g · g
         return builder.add(o, builder.mul(g, ir.Constant(I64, per_g)))
+
+    def two_bits(at_byte: int) -> list:   # Q6_K's high bits' layout: groups[k][n + 4 part] = bits 2k + 4 part, 2k + 4 part + 1
+        out = [[None] * 8, [None] * 8]
+        for n in range(4):
+            v = load(context, builder, rows_t, rows, at(builder, base(256), at_byte + 64 * n), I8, 64)
+            for k in range(2):
+                for part in range(2):
+                    out[k][n + 4 * part] = builder.and_(builder.lshr(v, const(I8, 64, 2 * k + 4 * part)), const(I8, 64, 3))
+        return out
+
+    def with_masks(groups: list, bit: int) -> list:   # Q5_K's fifth bits' layout: mask 8k + n, bit 4i + b
+        for k in range(2):
+            for n in range(8):
+                bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, base(128), high_at + 8 * (8 * k + n)), I64, 1),
+                                       vec(ir.IntType(1), 64))
+                groups[k][n] = builder.select(bits, builder.or_(groups[k][n], const(I8, 64, bit)), groups[k][n])
+        return groups
+    if name == "q3_k":
+        return with_masks(two_bits(quants_at), 4)
     nibbles = [load(context, builder, rows_t, rows, at(builder, base(512), quants_at + 64 * n), I8, 64) for n in range(8)]
     groups = [[builder.and_(v, low) for v in nibbles],
               [builder.and_(builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)), low)
                for v in nibbles]]
     if name == "q5_k":
+        return with_masks(groups, 16)
+    if name == "q6_k":
+        high = two_bits(high_at)
         for k in range(2):
             for n in range(8):
-                bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, base(128), high_at + 8 * (8 * k + n)), I64, 1),
-                                       vec(ir.IntType(1), 64))
-                groups[k][n] = builder.select(bits, builder.or_(groups[k][n], const(I8, 64, 16)), groups[k][n])
-    elif name == "q6_k":
-        for n in range(4):
-            high = load(context, builder, rows_t, rows, at(builder, base(256), high_at + 64 * n), I8, 64)
-            for k in range(2):
-                for part in range(2):   # quant 4n + b (bits 2k, 2k+1) and 16 + 4n + b (bits 4 + 2k, 5 + 2k)
-                    two = builder.and_(builder.lshr(high, const(I8, 64, 2 * k + 4 * part)), const(I8, 64, 3))
-                    groups[k][n + 4 * part] = builder.or_(groups[k][n + 4 * part], builder.shl(two, const(I8, 64, 4)))
+                groups[k][n] = builder.or_(groups[k][n], builder.shl(high[k][n], const(I8, 64, 4)))
     return groups
 
 
