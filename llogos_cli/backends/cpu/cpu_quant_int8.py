@@ -2,7 +2,7 @@
 quantized matrix, in integer SIMD (cpu_simd_int8).
 
 Each product quantizes its activations once, in one of two forms, both one byte an element:
-- for the plain 32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4), llama.cpp's Q8_0 / Q8_1: blocks
+- for the plain 32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), llama.cpp's Q8_0 / Q8_1: blocks
   of 32 with dx = max|x| / 127 and xq = round(x / dx), within dx / 2 of x, and xsum = Σ xq, in
   element order (quantize_blocks);
 - for the K types (Q3_K, Q4_K, Q5_K, Q6_K), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
@@ -29,23 +29,22 @@ from llogos_cli.backends.cpu.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_d
 BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
 K_SUM = 16         # elements of each of a K block's sums
-PLAIN_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.MXFP4})
+PLAIN_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.IQ4_NL, QType.MXFP4})
 K_TYPES = frozenset({QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K})
 TYPES = PLAIN_TYPES | K_TYPES
 TOKENS = 4   # tokens a row is multiplied with at once, its blocks decoded once for them
 WIDE = 8     # ... and in prompts, while that many are left: the blocks decoded once for twice the tokens
 MATRICES = 4   # products one call runs together (sharing an input), padded to this many
-_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _mxfp4 = (tile_dot8(n, 1) for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"))
-_q8_04, _q4_04, _q4_14, _q5_04, _q5_14, _mxfp44 = (tile_dot8(n, TOKENS)
-                                                  for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"))
+_PLAIN_NAMES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4", "iq4_nl")
+_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _mxfp4, _iq4_nl = (tile_dot8(n, 1) for n in _PLAIN_NAMES)
+_q8_04, _q4_04, _q4_14, _q5_04, _q5_14, _mxfp44, _iq4_nl4 = (tile_dot8(n, TOKENS) for n in _PLAIN_NAMES)
 _q3_k, _q4_k, _q5_k, _q6_k = (k_tile_dot8(n, 1) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
 _q3_k4, _q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
-_q8_08, _q4_08, _q4_18, _q5_08, _q5_18, _mxfp48 = (tile_dot8(n, WIDE)
-                                                  for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"))
+_q8_08, _q4_08, _q4_18, _q5_08, _q5_18, _mxfp48, _iq4_nl8 = (tile_dot8(n, WIDE) for n in _PLAIN_NAMES)
 _q3_k8, _q4_k8, _q5_k8, _q6_k8 = (k_tile_dot8(n, WIDE) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
 _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QType.Q3_K), int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
-_MXFP4 = int(QType.MXFP4)
+_MXFP4, _IQ4_NL = int(QType.MXFP4), int(QType.IQ4_NL)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
 _quantize_plain, _quantize_k = quantize8(BLOCK, BLOCK), quantize8(K_BLOCK, K_SUM)
 
@@ -146,7 +145,7 @@ def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
 _Q3_K_AT = tuple(K_TILED["q3_k"][i] for i in (1, 3, 5, 6))   # d, scales, two low bits, masks of the third
 
 
-@kernel
+@parallel_kernel
 def _tile_q3_k(raw, dest):
     """Q3_K rows (rows, blocks · 110 bytes: hmask 32, qs 64, 12 bytes of scales, d) -> their tiles
     (dest (tiles, blocks, K_TILED bytes), zeros, and zeros past the rows): d; the 16 six-bit scales
@@ -155,7 +154,7 @@ def _tile_q3_k(raw, dest):
     bits 2 (j - 2g) + 4 part for quant 4n + b + 16 part of group j, their third in mask 8j + l // 4,
     bit 4i + l % 4 (i the row in the tile)."""
     d_at, scales_at, low_at, masks_at = _Q3_K_AT
-    for c in range(dest.shape[0]):
+    for c in prange(dest.shape[0]):   # tiles on every core: each writes its own
         for i in range(min(TILE, raw.shape[0] - TILE * c)):
             row = raw[TILE * c + i]
             for b in range(dest.shape[1]):
@@ -196,6 +195,11 @@ def _tile_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
         blocks, dest = _tiles_of(raw, 17, out, tile)
         dest[..., td:td + TILE] = blocks[..., 0]
         dest[..., quants_at:quants_at + TILE * 16] = _as_vectors(blocks[..., 1:17])
+        return
+    if name == "iq4_nl":   # GGUF: d, then 16 bytes of nibbles as Q4_0's, each an index into its levels
+        blocks, dest = _tiles_of(raw, 18, out, tile)
+        dest[..., td:td + 2 * TILE] = blocks[..., 0:2].reshape(*blocks.shape[:2], 2 * TILE)
+        dest[..., quants_at:quants_at + TILE * 16] = _as_vectors(blocks[..., 2:18])
         return
     size, d_at, m_at, qh_at, qs_at, _ = PLAIN[name]
     blocks, dest = _tiles_of(raw, size, out, tile)                 # (tiles, blocks, row, byte), (tiles, blocks, tile)
@@ -294,6 +298,8 @@ def _dot4(rows, code, c, xq, dx, xs, t, isa, sums):
         _q3_k4(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _MXFP4:
         _mxfp44(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _IQ4_NL:
+        _iq4_nl4(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -318,6 +324,8 @@ def _dot8(rows, code, c, xq, dx, xs, t, isa, sums):
         _q3_k8(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _MXFP4:
         _mxfp48(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _IQ4_NL:
+        _iq4_nl8(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k8(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -342,6 +350,8 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
         _q3_k(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _MXFP4:
         _mxfp4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _IQ4_NL:
+        _iq4_nl(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k(rows, c, xq, dx, xs, t, isa, sums)
 

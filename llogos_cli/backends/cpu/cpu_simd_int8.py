@@ -35,7 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from llogos_cli.gguf.quants import MXFP4_VALUES
+from llogos_cli.gguf.quants import IQ4_NL_VALUES, MXFP4_VALUES
 from llogos_cli.backends.cpu.cpu_simd import (
     F32,
     I8,
@@ -106,8 +106,12 @@ TILED = {
     "q5_0": (TILE * 22, 0, None, 32, 96, 16),
     "q5_1": (TILE * 24, 0, 32, 64, 128, 0),
     "mxfp4": (TILE * 17, 0, None, None, TILE, 12),
+    "iq4_nl": (TILE * 18, 0, None, None, 32, 0),
 }
 MXFP4_U = [int(v) + 12 for v in MXFP4_VALUES]   # unsigned, 0..24: a nibble's u, looked up in one shuffle
+# Types whose quants are signed bytes (IQ4_NL's looked up in its 16 levels, -127..113), multiplied
+# as Q8_0's are: VNNI takes q + 128 and 128 Σ xq off again, AVX2 |q| times xq with q's sign.
+SIGNED = ("q8_0", "iq4_nl")
 
 
 def _tile_halves(context, builder, rows_t, rows, o):
@@ -149,6 +153,8 @@ def _tile_quants(context, builder, rows_t, rows, o, name: str, isa: str) -> list
     quants = [builder.and_(v, low) for v in packed + high]
     if name == "mxfp4":
         return [_lookup(builder, isa, MXFP4_U, q) for q in quants]
+    if name == "iq4_nl":
+        return [_lookup(builder, isa, [int(v) for v in IQ4_NL_VALUES], q) for q in quants]
     if masks_at is not None:   # the fifth bit where the mask has it
         for g in range(8):
             bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, o, masks_at + 8 * (2 * (g % 4) + g // 4)),
@@ -168,10 +174,10 @@ def _tile_isum(builder, isa: str, name: str, quants: list, words, total):
     if isa == "vnni":
         isum = const(I32, TILE, 0)
         for g, q in enumerate(quants):
-            u = builder.xor(q, const(I8, 64, -128)) if name == "q8_0" else q
+            u = builder.xor(q, const(I8, 64, -128)) if name in SIGNED else q
             isum = _call(builder, "llvm.x86.avx512.vpdpbusd.512", vec(I32, TILE), isum, builder.bitcast(u, vec(I32, TILE)),
                          word(g, TILE))
-        if name == "q8_0":
+        if name in SIGNED:
             isum = builder.sub(isum, builder.shl(builder.shuffle_vector(total, total, ir.Constant(vec(I32, TILE), [0] * TILE)),
                                                  const(I32, TILE, 7)))
         return isum
@@ -181,7 +187,7 @@ def _tile_isum(builder, isa: str, name: str, quants: list, words, total):
         for g, q in enumerate(quants):
             part = builder.shuffle_vector(q, q, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))
             x = builder.bitcast(word(g, 8), vec(I8, 32))
-            if name == "q8_0":
+            if name in SIGNED:
                 x = _call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, part)
                 part = _call(builder, "llvm.abs.v32i8", vec(I8, 32), part, ir.Constant(ir.IntType(1), 0))
             acc = _dot4(builder, "avx2", acc, part, x)
