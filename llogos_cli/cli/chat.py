@@ -41,7 +41,7 @@ _BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 @click.option("--stats", is_flag=True, help="Timings of each reply on stderr (/stats shows the last one).")
 @click.option("--simple-io", is_flag=True, help="Plain terminal: no colours, no line editing.")
 def chat(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, system, system_file, messages,
-         interactive, print_prompt, n_predict, reasoning_format, stats, simple_io):
+         interactive, print_prompt, n_predict, split_reasoning, stats, simple_io):
     """Talk with a model through its chat template.
 
     On a terminal this opens a conversation (type /help in it). With a message piped on stdin, or
@@ -73,8 +73,7 @@ def chat(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoi
     m = model.load(mf, n_ctx)
     # One slot that keeps its tokens for the next turn, and a prefix cache for /load and /clear.
     engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, keep_slots=True)
-    talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation,
-                split_reasoning=reasoning_format == "auto")
+    talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation, split_reasoning)
     if in_terminal:
         if simple_io:
             err.no_color = True

@@ -84,9 +84,11 @@ _TEMPLATE = [
 ]
 
 
-# llama-server's name; "deepseek" is its name for what auto does with <think> models.
+# llama-server's name; "deepseek" is its name for what auto does with <think> models. The command
+# takes it as split_reasoning: whether auto was chosen.
 reasoning_option = click.option(
-    "--reasoning-format", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+    "--reasoning-format", "split_reasoning", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+    callback=lambda ctx, param, value: value == "auto",
     help="auto: a reply's reasoning (<think>...</think>, gpt-oss's analysis channel) apart from its answer; "
          "none: the reply's text as the model wrote it.")
 

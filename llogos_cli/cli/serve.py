@@ -53,7 +53,7 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
 def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, host, port, parallel, batch_size,
-          queue_size, n_predict, cache_prompt, cache_ram, reasoning_format, api_key):
+          queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -94,7 +94,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
             return
         thread = EngineThread(engine, loop, parallel, queue_size, shared.metrics)
         thread.start()
-        defaults = RequestDefaults(params, n_predict, split_reasoning=reasoning_format == "auto")
+        defaults = RequestDefaults(params, n_predict, split_reasoning)
         shared.loaded = LoadedModel(thread, tok, chat, defaults, n_ctx)
         slots = f"{parallel} slot{'s' if parallel > 1 else ''}"
         err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.backend.name}, {slots} of {n_ctx} tokens)",

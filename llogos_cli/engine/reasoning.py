@@ -63,7 +63,6 @@ class Splitter:
         # think: "start" (a <think> may come), "reasoning", "gap" (blank lines after </think>), "answer"
         # harmony: "header" (up to <|message|>), "analysis" or "final" (a message's body)
         self._state = ("reasoning" if thinking else "start") if style == "think" else "header"
-        self._channel = ""
 
     def push(self, text: str) -> Split:
         self._held += text
@@ -131,11 +130,11 @@ class Splitter:
             if at < 0:
                 return None
             header = held[:at]
-            channel = header.split(CHANNEL, 1)[1] if CHANNEL in header else ""
-            self._channel = channel.split()[0] if channel.split() else ""
-            self._state = "analysis" if self._channel == "analysis" else "final"
+            channel = header.split(CHANNEL, 1)[1].split() if CHANNEL in header else []
+            self._state = "analysis" if channel[:1] == ["analysis"] else "final"
             self._held = held[at + len(MESSAGE):]
             return Split()
+        analysis = self._state == "analysis"
         ends = [(held.find(m), m) for m in _HARMONY_ENDS if m in held]
         if ends:
             at, marker = min(ends)
@@ -146,8 +145,7 @@ class Splitter:
             if keep == len(held):
                 return None
             body, self._held = held[:len(held) - keep], held[len(held) - keep:]
-        was = "analysis" if self._channel == "analysis" else "final"
-        return Split(reasoning=body) if was == "analysis" else Split(content=body)
+        return Split(reasoning=body) if analysis else Split(content=body)
 
 
 def split(text: str, style: str, thinking: bool = False) -> Split:

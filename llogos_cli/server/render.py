@@ -176,7 +176,7 @@ class CompletionRenderer(_Renderer):
     def _sse(self, text: str, finish: str | None, logprobs=None) -> bytes:
         r = self.envelope
         return r.sse(schemas.Completion(id=r.id, created=r.created, model=r.model,
-                                  choices=[self._choice(text, finish, logprobs)]))
+                                        choices=[self._choice(text, finish, logprobs)]))
 
     def _logprobs(self, ids: list[int], tops: list, offset: int) -> schemas.CompletionLogprobs:
         lp = schemas.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
@@ -261,5 +261,6 @@ class Choices:
         choice's (the others start from the blocks it left, which are not the client's doing)."""
         n = sum(r.timings.predicted_n for r in self._results.values())
         request_log.note_tokens(self.prompt_n, n)
+        cached = schemas.PromptTokensDetails(cached_tokens=self._results[0].prefix_hit)
         return schemas.Usage(prompt_tokens=self.prompt_n, completion_tokens=n, total_tokens=self.prompt_n + n,
-                       prompt_tokens_details=schemas.PromptTokensDetails(cached_tokens=self._results[0].prefix_hit))
+                             prompt_tokens_details=cached)
