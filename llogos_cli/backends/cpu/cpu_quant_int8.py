@@ -185,6 +185,11 @@ def _k_masks(bits: np.ndarray, lead) -> np.ndarray:
     return np.packbits(arranged.reshape(*lead, 64, 64), axis=-1, bitorder="little").reshape(*lead, 512)
 
 
+# The GGUF blocks of the types tiled as the plain ones but without float32 kernels of their own
+# (PLAIN's): IQ4_NL's is Q4_0's, its nibbles indices into its levels.
+_GGUF_BLOCKS = {"iq4_nl": PLAIN["q4_0"]}
+
+
 def _tile_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
     """A plain type's rows (rows, bytes) in GGUF's layout, rows a whole number of tiles but for the
     last, -> their tiles (TILED) in out's memory from its first byte on, the last tile's rows past
@@ -196,12 +201,7 @@ def _tile_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
         dest[..., td:td + TILE] = blocks[..., 0]
         dest[..., quants_at:quants_at + TILE * 16] = _as_vectors(blocks[..., 1:17])
         return
-    if name == "iq4_nl":   # GGUF: d, then 16 bytes of nibbles as Q4_0's, each an index into its levels
-        blocks, dest = _tiles_of(raw, 18, out, tile)
-        dest[..., td:td + 2 * TILE] = blocks[..., 0:2].reshape(*blocks.shape[:2], 2 * TILE)
-        dest[..., quants_at:quants_at + TILE * 16] = _as_vectors(blocks[..., 2:18])
-        return
-    size, d_at, m_at, qh_at, qs_at, _ = PLAIN[name]
+    size, d_at, m_at, qh_at, qs_at, _ = PLAIN[name] if name in PLAIN else _GGUF_BLOCKS[name]
     blocks, dest = _tiles_of(raw, size, out, tile)                 # (tiles, blocks, row, byte), (tiles, blocks, tile)
     lead = blocks.shape[:2]
     dest[..., td:td + 2 * TILE] = blocks[..., d_at:d_at + 2].reshape(*lead, 2 * TILE)

@@ -109,6 +109,7 @@ TILED = {
     "iq4_nl": (TILE * 18, 0, None, None, 32, 0),
 }
 MXFP4_U = [int(v) + 12 for v in MXFP4_VALUES]   # unsigned, 0..24: a nibble's u, looked up in one shuffle
+IQ4_NL_Q = [int(v) for v in IQ4_NL_VALUES]      # signed, -127..113: a nibble's quant, looked up likewise
 # Types whose quants are signed bytes (IQ4_NL's looked up in its 16 levels, -127..113), multiplied
 # as Q8_0's are: VNNI takes q + 128 and 128 Σ xq off again, AVX2 |q| times xq with q's sign.
 SIGNED = ("q8_0", "iq4_nl")
@@ -143,7 +144,7 @@ def _lookup(builder, isa: str, table: list, q):
 
 def _tile_quants(context, builder, rows_t, rows, o, name: str, isa: str) -> list:
     """A tile-block's quants as eight <64 x i8>, vector g holding each row's quants 4g..4g+3 (Q8_0's
-    signed, the others' unsigned; MXFP4's looked up in MXFP4_U)."""
+    and IQ4_NL's signed, the others' unsigned; MXFP4's and IQ4_NL's looked up in MXFP4_U, IQ4_NL_Q)."""
     _, _, _, masks_at, quants_at, _ = TILED[name]
     if name == "q8_0":
         return [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * n), I8, 64) for n in range(8)]
@@ -154,7 +155,7 @@ def _tile_quants(context, builder, rows_t, rows, o, name: str, isa: str) -> list
     if name == "mxfp4":
         return [_lookup(builder, isa, MXFP4_U, q) for q in quants]
     if name == "iq4_nl":
-        return [_lookup(builder, isa, [int(v) for v in IQ4_NL_VALUES], q) for q in quants]
+        return [_lookup(builder, isa, IQ4_NL_Q, q) for q in quants]
     if masks_at is not None:   # the fifth bit where the mask has it
         for g in range(8):
             bits = builder.bitcast(load(context, builder, rows_t, rows, at(builder, o, masks_at + 8 * (2 * (g % 4) + g // 4)),
