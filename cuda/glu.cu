@@ -1,19 +1,33 @@
-// Gated linear units of the feed-forward block: y = act(gate) * up, elementwise.
-#include "common.cuh"
+// Gated linear units of the feed-forward block: y = act(gate) * up, elementwise, act SiLU or GELU
+// (in its tanh approximation, as Gemma was trained with). The _q8 kernels also quantize y for the
+// down product that takes it next (q8_run.cuh; n a multiple of 32).
+#include "q8_run.cuh"
 
-extern "C" __global__ void swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
-                                      float* __restrict__ y, int n) {
+template <bool gelu>
+__device__ __forceinline__ void glu(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ y,
+                                    i8* __restrict__ xq, float2* __restrict__ xs, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n) return;  // whole warps where xq is given
     const float g = gate[i];
-    y[i] = g / (1.0f + expf(-g)) * up[i];
+    const float a = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
+                         : g / (1.0f + expf(-g));
+    const float v = a * up[i];
+    y[i] = v;
+    if (xq != nullptr) quantize_run(v, i / WARP_SIZE, xq, xs);
 }
 
-// GELU in its tanh approximation, as Gemma was trained with.
-extern "C" __global__ void geglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
-                                     float* __restrict__ y, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float g = gate[i];
-    y[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* y, int n) {
+    glu<false>(gate, up, y, nullptr, nullptr, n);
+}
+
+extern "C" __global__ void geglu_f32(const float* gate, const float* up, float* y, int n) {
+    glu<true>(gate, up, y, nullptr, nullptr, n);
+}
+
+extern "C" __global__ void swiglu_q8(const float* gate, const float* up, float* y, i8* xq, float2* xs, int n) {
+    glu<false>(gate, up, y, xq, xs, n);
+}
+
+extern "C" __global__ void geglu_q8(const float* gate, const float* up, float* y, i8* xq, float2* xs, int n) {
+    glu<true>(gate, up, y, xq, xs, n);
 }

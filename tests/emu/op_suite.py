@@ -214,6 +214,34 @@ def test_products_sharing_an_input_with_8_bit_activations(backend, big, monkeypa
             assert np.all(np.abs(host(int8, got) - want) <= bound), (n_tok, qtype.name)
 
 
+@pytest.mark.parametrize("op", ["rmsnorm", "swiglu", "geglu"])
+@pytest.mark.parametrize("shape", [(1, 2880), (3, 576), (cuda_matmul.GEMM_MIN_TOKENS - 1, 64)])
+def test_norms_and_glus_quantize_their_output_for_the_products(backend, op, shape, monkeypatch):
+    """With int8 products, a few tokens' RMSNorm or GLU output is quantized by the op itself: bit
+    for bit its float32 output and that output's quantize_q8. A product after takes that form (no
+    quantize_q8 launch) and gives bit for bit what it gives with the output quantized apart."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
+    int8 = CudaBackend(backend.kernels, "int8")
+    rng = np.random.default_rng(len(op) + shape[0])
+    x, up = (_wide_range_activations(rng, *shape) for _ in range(2))
+    w = rng.standard_normal(shape[1]).astype(np.float32)
+    make = {"rmsnorm": lambda b: b.rmsnorm(b.xp.asarray(x), b.xp.asarray(w), 1e-6),
+            "swiglu": lambda b: b.glu(b.xp.asarray(x), b.xp.asarray(up), False),
+            "geglu": lambda b: b.glu(b.xp.asarray(x / 1e3), b.xp.asarray(up), True)}[op]
+    y = make(int8)
+    np.testing.assert_array_equal(host(int8, y), host(backend, make(CudaBackend(backend.kernels, "float"))))
+    for fused, apart in zip(int8._x8[1], cuda_matmul.quantize_q8(backend.kernels, y)):
+        np.testing.assert_array_equal(host(int8, fused), host(int8, apart))
+    wm = int8.matrix(random_weights(rng, QType.Q8_0, 8, shape[1]), QType.Q8_0, matmul=True)
+    launched = len(getattr(int8.kernels, "launched", ()))
+    got = int8.matmul(y, wm)
+    if hasattr(int8.kernels, "launched"):
+        assert "quantize_q8" not in int8.kernels.launched[launched:]
+    want = int8.matmul(int8.xp.asarray(host(int8, y)), wm)   # another array: quantized on the way in
+    np.testing.assert_array_equal(host(int8, got), host(int8, want))
+
+
 @pytest.mark.parametrize("rows", [(64, 16, 16), (64, 18, 16)], ids=["joined", "not-aligned"])
 def test_products_loaded_together(backend, rows):
     """q, k and v loaded with matrices(): one token's products in one launch, each matrix's output

@@ -1,7 +1,8 @@
 """The CUDA backend: the NumPy backend's operations on device arrays, in hand-written kernels.
 
 Weights are uploaded as their GGUF bytes and decoded inside the kernels; activations are float32
-(few-token products with big matrices quantize them to 8 bits on the way in, cuda_matmul.int8_pays);
+(few-token products with big matrices take them in 8 bits, cuda_matmul.int8_pays: quantized by the
+RMSNorm or GLU that made them, else on the way in);
 the KV cache defaults to f16 (f32 and q8_0 on request, like llama.cpp's --cache-type-k/-v).
 Kernels are reached through a provider: cuda_kernels.CudaKernels (CuPy) on a GPU, the CPU
 emulator in the tests.
@@ -25,10 +26,12 @@ from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_matmul import (
     QuantMatrix,
     GEMM_MIN_TOKENS,
+    Q8_RUN,
     Scratch,
     get_rows,
     int8_pays,
     matmul,
+    q8_buffers,
     quantize_q8,
     upload,
 )
@@ -64,6 +67,7 @@ class CudaBackend:
         self._inputs: dict[str, tuple[np.ndarray, object]] = {}  # name -> (host copy, device buffer)
         self._ones: dict[int, object] = {}                       # rope factors of models without any
         self._joined: dict[tuple, tuple[QuantMatrix, list[int]]] = {}  # matrices() by their ids: (joined, first rows)
+        self._x8 = None   # (activations, their 8-bit form) from the last RMSNorm or GLU that made both
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType):
@@ -137,11 +141,12 @@ class CudaBackend:
         return self.matmuls(x, [w])[0]
 
     def matmuls(self, x, ws: list[QuantMatrix]) -> list:
-        """Products sharing x: a few tokens' activations are quantized once for all of them."""
-        x = self._c(x)
+        """Products sharing x: a few tokens' activations are quantized once for all of them (by
+        the RMSNorm or GLU that made x, where it did)."""
         x8 = None
         if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and int8_pays(ws):
-            x8 = quantize_q8(self.kernels, x)
+            x8 = self._x8[1] if self._x8 is not None and self._x8[0] is x else quantize_q8(self.kernels, self._c(x))
+        x = self._c(x)
         joined = self._joined.get(tuple(map(id, ws))) if x.shape[0] == 1 else None
         if joined is not None:   # one row: each matrix's columns of the joined product are contiguous
             w, firsts = joined
@@ -171,7 +176,20 @@ class CudaBackend:
         return cuda_ops.softplus(self.kernels, self._c(x))
 
     def rmsnorm(self, x, w, eps: float):
-        return cuda_ops.rmsnorm(self.kernels, self._c(x), w, eps)
+        x8 = self._q8_for(x)
+        return self._made(cuda_ops.rmsnorm(self.kernels, self._c(x), w, eps, x8), x8)
+
+    def _q8_for(self, x):
+        """Buffers for x's 8-bit form where the op making x from x-shaped input can fill them on
+        the way (few tokens' rows of whole runs, for the products that may take them next), else None."""
+        if self.products == "int8" and x.ndim == 2 and x.shape[0] < GEMM_MIN_TOKENS and x.shape[1] % Q8_RUN == 0:
+            return q8_buffers(self.xp, x.shape)
+        return None
+
+    def _made(self, y, x8):
+        if x8 is not None:
+            self._x8 = (y, x8)
+        return y
 
     def l2norm(self, x, eps: float):
         return cuda_ops.l2norm(self.kernels, self._c(x), eps)
@@ -189,7 +207,8 @@ class CudaBackend:
         return cuda_ops.rope(self.kernels, self._c(x), pos, factors, dims, base, freq_scale, neox, attn_factor)
 
     def glu(self, gate, up, gelu: bool):
-        return cuda_ops.glu(self.kernels, self._c(gate), self._c(up), gelu)
+        x8 = self._q8_for(gate)
+        return self._made(cuda_ops.glu(self.kernels, self._c(gate), self._c(up), gelu, x8), x8)
 
     # ---------------------------------------------------------------- mixture of experts
     def route(self, logits, k: int, normalize: bool = True):

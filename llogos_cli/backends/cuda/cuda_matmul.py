@@ -149,13 +149,17 @@ def int8_pays(ws: list[QuantMatrix]) -> bool:
     return any(w.qtype in INT8_TYPES for w in ws) and max(w.raw.nbytes for w in ws) >= INT8_MIN_BYTES
 
 
+def q8_buffers(xp, shape: tuple[int, int]) -> tuple:
+    """Empty (int8 (T, in), float32 (T, in // Q8_RUN, 2)) for activations of shape (T, in), in a
+    multiple of Q8_RUN: each run of Q8_RUN as values and (step, step * sum of the values)."""
+    assert shape[1] % Q8_RUN == 0, f"rows of {shape[1]} features do not split into runs of {Q8_RUN}"
+    return xp.empty(shape, np.int8), xp.empty((shape[0], shape[1] // Q8_RUN, 2), np.float32)
+
+
 def quantize_q8(k, x) -> tuple:
-    """x (T, in) float32, in a multiple of Q8_RUN -> (int8 (T, in), float32 (T, in // Q8_RUN, 2)):
-    each run of Q8_RUN as values and (step, step * sum of the values), for matvec_q8."""
+    """x (T, in) float32 -> its q8_buffers filled, for matvec_q8."""
     check(x, np.float32, "x")
-    assert x.shape[1] % Q8_RUN == 0, f"rows of {x.shape[1]} features do not split into runs of {Q8_RUN}"
-    xq = k.xp.empty(x.shape, np.int8)
-    xs = k.xp.empty((x.shape[0], x.shape[1] // Q8_RUN, 2), np.float32)
+    xq, xs = q8_buffers(k.xp, x.shape)
     k.function("quantize_q8", "quantize_q8")((cdiv(x.size, _THREADS),), (_THREADS,), (x, xq, xs, np.int32(x.size)))
     return xq, xs
 

@@ -54,20 +54,32 @@ def softplus(k, x):
     return _pointwise(k, "softplus", "softplus_f32", (x,))
 
 
-def glu(k, gate, up, gelu: bool):
+def glu(k, gate, up, gelu: bool, x8=None):
+    """act(gate) * up; with x8 (cuda_matmul.q8_buffers of its shape), also quantized into x8."""
     assert gate.shape == up.shape
-    return _pointwise(k, "glu", "geglu_f32" if gelu else "swiglu_f32", (gate, up))
+    act = "geglu" if gelu else "swiglu"
+    if x8 is None:
+        return _pointwise(k, "glu", f"{act}_f32", (gate, up))
+    check(gate, np.float32, "gate")
+    check(up, np.float32, "up")
+    y = k.xp.empty_like(gate)
+    k.function("glu", f"{act}_q8")((cdiv(y.size, _THREADS),), (_THREADS,), (gate, up, y, *x8, np.int32(y.size)))
+    return y
 
 
-def rmsnorm(k, x, w, eps: float):
-    """Over the last dimension of x, weighted by w."""
+def rmsnorm(k, x, w, eps: float, x8=None):
+    """Over the last dimension of x, weighted by w; with x8 (cuda_matmul.q8_buffers of x's
+    shape), also quantized into x8."""
     check(x, np.float32, "x")
     check(w, np.float32, "w")
     ncols = x.shape[-1]
     assert w.shape == (ncols,)
     y = k.xp.empty_like(x)
-    k.function("rmsnorm", "rmsnorm_f32")((x.size // ncols,), (_row_threads(ncols),),
-                                         (x, w, y, np.int32(ncols), np.float32(eps)))
+    grid, block = (x.size // ncols,), (_row_threads(ncols),)
+    if x8 is None:
+        k.function("rmsnorm", "rmsnorm_f32")(grid, block, (x, w, y, np.int32(ncols), np.float32(eps)))
+    else:
+        k.function("rmsnorm", "rmsnorm_q8")(grid, block, (x, w, y, *x8, np.int32(ncols), np.float32(eps)))
     return y
 
 
