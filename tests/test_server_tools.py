@@ -57,11 +57,47 @@ def streamed(smol, **kw):
     return content, [calls[i] for i in sorted(calls)], finish
 
 
+def json_prefix_completed(text: str):
+    """What a JSON text cut anywhere parses to once completed (an open string, literal, number,
+    key or value finished, a trailing comma dropped, the open containers closed); raises
+    ValueError where no such completion exists."""
+    for filler in ("", '"', '":0', ":0", "0", '""', '0000"', '000"', '00"', '0"', "rue", "ue", "e", "alse", "lse",
+                   "se", "ull", "ll", "l"):
+        for cut in (text, text.rstrip().removesuffix(",")):
+            whole = cut + filler
+            closers, in_string, escaped = [], False, False
+            for ch in whole:
+                if in_string:
+                    escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+                elif ch == '"':
+                    in_string = True
+                elif ch in "{[":
+                    closers.append("}" if ch == "{" else "]")
+                elif ch in "}]" and closers:
+                    closers.pop()
+            try:
+                return json.loads(whole + "".join(reversed(closers)))
+            except json.JSONDecodeError:
+                pass
+    raise ValueError(f"not the beginning of a JSON text: {text!r}")
+
+
+def test_json_prefix_completed_takes_cut_documents_and_refuses_others():
+    document = '{"a": [1, 2.5e3, true, null, {"b": "x\\"y\\u00e9"}], "c": false}'
+    assert all(isinstance(json_prefix_completed(document[:n]), dict) for n in range(1, len(document) + 1))
+    for bad in ('{"a": 1}}', '{"a" 1', '[1 2]', '{"a": tru e'):
+        with pytest.raises(ValueError):
+            json_prefix_completed(bad)
+
+
 def test_json_object_and_json_schema_response_formats(smol):
+    """A json_object reply is a JSON object, or one cut by max_tokens: a tiny model may nest
+    objects until then (where depends on its rounding, so on the machine)."""
     answer = chat(smol, messages=[{"role": "user", "content": "Describe a cat as JSON."}],
                   response_format={"type": "json_object"})
-    assert isinstance(json.loads(answer.choices[0].message.content), dict)
-    assert answer.choices[0].finish_reason == "stop"
+    content, finish = answer.choices[0].message.content, answer.choices[0].finish_reason
+    assert isinstance(json.loads(content) if finish == "stop" else json_prefix_completed(content), dict)
+    assert finish == "stop" or (finish == "length" and answer.usage.completion_tokens == 120)
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     ask = [{"role": "user", "content": "Alice is 34. Give her name and age as JSON."}]
     whole = chat(smol, messages=ask, response_format=fmt)
