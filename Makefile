@@ -34,11 +34,16 @@ run: venv
 	$(LLOGOS) generate -m $(MODEL) -p "$(PROMPT)" -n 32 --temp 0 --stats
 	@echo "try next: .venv/bin/llogos chat -m $(MODEL)   or   .venv/bin/llogos --help   (make test adds the server, Ray and test extras)" >&2
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file in one of them, so that a
+# file's model or server is set up once. Most tests keep one core busy.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 test: models test-venv cuda-check
-	$(PY) -m pytest -rs --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
+	$(PY) -m pytest $(XDIST) -rs --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
 
 cuda-check: test-venv
-	$(PY) -m pytest -q -rs tests/test_cuda_compile.py tests/test_cuda_emulated.py
+	$(PY) -m pytest $(XDIST) -q -rs tests/test_cuda_compile.py tests/test_cuda_emulated.py
 
 bench: venv
 	$(PY) bench/bench_cpu.py
