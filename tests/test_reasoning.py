@@ -200,3 +200,41 @@ def test_chat_keeps_the_answer_and_shows_the_reasoning_apart():
     whole = replies[False].text
     assert "</think>" not in whole and len(whole) > 0
     assert (replies[True].reasoning, replies[True].text) == (whole, "")
+
+
+# --------------------------------------------------------------------------- `llogos batch`
+
+def test_a_batch_record_has_its_answer_as_text_and_its_reasoning_apart():
+    from llogos_cli.engine.batch import Result
+    from llogos_cli.engine.completion import Timings
+    reply = "<think>Weigh it.</think>\n\nParis."
+    record = Result(7, reply, [1, 2], "eos", Timings(), reasoning=Reasoning("think")).as_dict()
+    assert (record["text"], record["reasoning_content"]) == ("Paris.", "Weigh it.")
+    assert "reasoning_content" not in Result(7, reply, [1, 2], "eos", Timings()).as_dict()
+    assert "reasoning_content" not in Result(7, "Paris.", [1], "eos", Timings(), reasoning=Reasoning("think")).as_dict()
+
+
+def test_batch_lines_with_messages_split_their_reasoning_unless_told_not_to():
+    """A template whose prompt opens <think>: a tiny random model's reply never closes it, so a
+    messages line's record is all reasoning; with --reasoning-format none, all text. A prompt
+    line is never split."""
+    from llogos_cli.engine.batch import BatchEngine
+    from llogos_cli.engine.stops import StopCriteria
+    from llogos_cli.jobs.lines import LineDefaults, read_items
+    from llogos_cli.model.loader import load
+    from tests.conftest import FIXTURES, need
+    m = load(str(need(FIXTURES / "tiny-llama-f32.gguf")), "cpu", n_ctx=128)
+    fmt = ChatFormat(ChatTemplate(THINK_TEMPLATE, "test"), m.tokenizer)
+    lines = [json.dumps({"id": "chat", "messages": [{"role": "user", "content": "hi"}]}),
+             json.dumps({"id": "plain", "prompt": "<think>hi"})]
+    records = {}
+    for split_reasoning in (True, False):
+        defaults = LineDefaults(SamplingParams(temp=0.0), StopCriteria(8), 0, 1, split_reasoning)
+        engine = BatchEngine(m.model, m.tokenizer, 2, 128)
+        requests = [item for _, item in read_items(lines, m.tokenizer, fmt, defaults)]
+        records[split_reasoning] = {r.id: r.as_dict() for r in engine.generate(iter(requests))}
+    whole = records[False]["chat"]["text"]
+    assert whole and "</think>" not in whole and "reasoning_content" not in records[False]["chat"]
+    assert (records[True]["chat"]["text"], records[True]["chat"]["reasoning_content"]) == ("", whole)
+    plain = [records[split_reasoning]["plain"] for split_reasoning in (True, False)]
+    assert plain[0]["text"] == plain[1]["text"] and "reasoning_content" not in plain[0]

@@ -9,7 +9,7 @@ from typing import TextIO
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import model_options, sampling_options, template_options
+from llogos_cli.cli.options import model_options, reasoning_option, sampling_options, template_options
 from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.jobs.lines import Done, LineError, read_items
@@ -45,6 +45,7 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
 @click.option("--logprobs", type=click.IntRange(min=0), default=0, help="Report the top N log-probabilities per token.")
 @template_options
+@reasoning_option
 @click.option("--ordered", is_flag=True, help="Write results in input order (default: as each finishes).")
 @click.option("--resume", is_flag=True, help="Skip the ids already in the output file and append the rest.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
@@ -56,11 +57,13 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 @click.option("--cpus-per-worker", type=click.IntRange(min=1),
               help=f"CPUs each Ray worker takes on nodes without GPUs. [default: {CPUS_PER_WORKER}]")
 def batch(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, input_path, output, parallel,
-          batch_size, n_predict, stop, ignore_eos, logprobs, ordered, resume, overwrite, ray, workers, cpus_per_worker):
+          batch_size, n_predict, stop, ignore_eos, logprobs, split_reasoning, ordered, resume, overwrite, ray, workers,
+          cpus_per_worker):
     """Run many prompts with up to -np at once; one JSON result per prompt."""
     if ray is None and (workers or cpus_per_worker):
         raise LlogosError("--workers and --cpus-per-worker size a Ray run: add --ray")
-    spec = JobSpec(model, sampling, template, parallel, batch_size, n_predict, tuple(stop), ignore_eos, logprobs)
+    spec = JobSpec(model, sampling, template, parallel, batch_size, n_predict, tuple(stop), ignore_eos, logprobs,
+                   split_reasoning)
     out = Output(output, resume, overwrite, ordered)
     if ray is not None:
         with _lines(_input(input_path)) as lines:

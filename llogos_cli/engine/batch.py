@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from llogos_cli.engine.grammar import Grammar
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE, CACHE_RAM_MIB, BlockManager
+from llogos_cli.engine.reasoning import Reasoning, Split
 from llogos_cli.engine.runner import ModelRunner
 from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
@@ -42,6 +43,7 @@ class Request:
     n_logprobs: int = 0
     grammar: Grammar | None = None   # constrains this request's output alone
     special: bool = False            # control tokens' text in the output instead of hidden
+    reasoning: Reasoning | None = None   # a chat reply's: how its reasoning is told from its answer
 
 
 @dataclass(slots=True)
@@ -55,12 +57,18 @@ class Result:
     error: str | None = None         # why the request could not run (nothing else is set then)
     prefix_hit: int = 0              # prompt tokens whose KV came from the prefix cache
     context_full: bool = False       # it stopped because the context had no room left
+    reasoning: Reasoning | None = None   # its request's
 
     def as_dict(self) -> dict:
+        """The JSON record: a chat reply with reasoning has its answer as "text" and its
+        reasoning as "reasoning_content" (the server's field)."""
         if self.error is not None:
             return {"id": self.id, "error": self.error}
-        d = {"id": self.id, "text": self.text, "tokens": self.tokens, "stop": self.stop,
+        split = self.reasoning.split(self.text) if self.reasoning else Split(content=self.text)
+        d = {"id": self.id, "text": split.content, "tokens": self.tokens, "stop": self.stop,
              "timings": {**self.timings.as_dict(), "cache_n": self.prefix_hit}}
+        if split.reasoning:
+            d["reasoning_content"] = split.reasoning
         if self.logprobs is not None:
             d["logprobs"] = [[[i, lp] for i, lp in top] for top in self.logprobs]
         return d
@@ -112,7 +120,7 @@ class Row:
                           predicted_n=len(c.generated), predicted_ms=(now - self.first_token) * 1e3)
         return Result(self.request.id, "".join(t.text for t in self.emitted) + c.tail,
                       [t.id for t in self.emitted], stop or c.stop, timings, logprobs, prefix_hit=self.prefix_hit,
-                      context_full=c.context_full)
+                      context_full=c.context_full, reasoning=self.request.reasoning)
 
 
 class BatchEngine:

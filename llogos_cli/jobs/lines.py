@@ -33,6 +33,7 @@ class LineDefaults:
     criteria: StopCriteria
     n_logprobs: int
     seed: int                  # the run's seed (--seed, or drawn at start) from which each row's own is made
+    split_reasoning: bool = True   # --reasoning-format auto: a chat reply's reasoning apart from its "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +148,7 @@ def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: LineDefau
     except ValidationError as e:
         raise LlogosError(explain(e.errors())) from None
     given = line.model_fields_set
-    criteria = d.criteria
+    criteria, reasoning = d.criteria, None
     if line.stop is not None:
         criteria = replace(criteria, stop_strings=line.stops)
     if line.messages is not None:
@@ -157,6 +158,7 @@ def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: LineDefau
         ids = tokenizer.encode(text, add_bos=False)
         criteria = replace(criteria, stop_strings=criteria.stop_strings + chat.stop_strings(),
                            stop_ids=criteria.stop_ids | chat.stop_ids())
+        reasoning = chat.reasoning(text) if d.split_reasoning else None
     elif isinstance(line.prompt, str):
         ids = tokenizer.encode(line.prompt)
     else:
@@ -170,7 +172,7 @@ def _request(rid, fields: dict, tokenizer, chat: ChatFormat | None, d: LineDefau
     if overrides.get("seed") == DRAW_SEED:   # the row's own, as without "seed"
         del overrides["seed"]
     overrides.setdefault("seed", row_seed(d.seed, rid))
-    return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs, _grammar(line))
+    return Request(rid, ids, replace(d.params, **overrides), criteria, n_logprobs, _grammar(line), reasoning=reasoning)
 
 
 def _grammar(line: BatchLine) -> Grammar | None:

@@ -27,6 +27,7 @@ class JobSpec:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int = 0
+    split_reasoning: bool = True   # --reasoning-format
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ def set_up(spec: JobSpec, seed: int) -> BatchSetup:
     params = spec.sampling.params(mf.sampling_defaults)
     chat = spec.template.format_or_none(mf)
     defaults = LineDefaults(params, StopCriteria(spec.n_predict, spec.stop, spec.ignore_eos), spec.logprobs,
-                            params.seed if params.seed is not None else seed)
+                            params.seed if params.seed is not None else seed, spec.split_reasoning)
     n_ctx = spec.model.n_ctx(mf)
     m = spec.model.load(mf, n_ctx, spec.parallel)
     engine = BatchEngine(m.model, mf.tokenizer, spec.parallel, n_ctx, spec.model.cache_types, spec.batch_size)
