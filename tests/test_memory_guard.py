@@ -6,6 +6,8 @@ import sys
 import pytest
 from gguf import GGMLQuantizationType
 
+from llogos_cli.backends import CPU_DOT_TYPES
+from llogos_cli.backends.cpu import cpu_quant
 from llogos_cli.backends.cpu.cpu_quant_int8 import packed_bytes
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -101,12 +103,23 @@ def test_auto_reads_blocks_where_every_product_has_a_kernel_and_else_expands_a_s
     monkeypatch.setattr(memory, "host_available", lambda: 64 << 30)
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32")[0] == "quantized"   # q8_0 has a block kernel
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "quantized"
-    monkeypatch.setattr(memory, "CPU_DOT_TYPES", frozenset())    # as for F16 or BF16 matrices
+    monkeypatch.setattr(cpu_quant, "block_types", frozenset)    # as for F16 or BF16 matrices
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32")[0] == "f32"
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "f32"
     monkeypatch.setattr(memory, "F32_MAX_WEIGHTS", 1000)
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "quantized"
     assert memory.choose_cpu_weights(f, cfg, "f32", 256, "f32", "f32")[0] == "f32"
+
+
+def test_the_types_read_in_their_blocks_are_the_integer_products_where_the_cpu_has_them():
+    """auto's rule: a small Q3_K, IQ4_NL or MXFP4 model stays in its blocks where the integer
+    products run them (all but Q2_K and IQ4_XS), and is expanded to float32 where they do not."""
+    assert cpu_quant.block_types("float") == CPU_DOT_TYPES
+    assert GGMLQuantizationType.Q3_K not in CPU_DOT_TYPES
+    if cpu_quant.host_isa() is not None:
+        with_int8 = cpu_quant.block_types()
+        assert {GGMLQuantizationType.Q3_K, GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.MXFP4} <= with_int8
+        assert CPU_DOT_TYPES <= with_int8 and GGMLQuantizationType.Q2_K not in with_int8
 
 
 def test_host_available_is_a_plausible_number():

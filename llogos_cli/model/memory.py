@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends import CPU_DOT_TYPES, QUERY_CHUNK
+from llogos_cli.backends import QUERY_CHUNK
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig
@@ -155,13 +155,15 @@ def gpu_available() -> int:
 def choose_cpu_weights(f: GGUFFile, cfg: ModelConfig, requested: str, n_ctx: int, type_k: str, type_v: str,
                        n_slots: int = 1) -> tuple[str, str]:
     """--cpu-weights: f32 and quantized as asked. auto reads the blocks in place when every product
-    has a block kernel: one sequence and batches of up to 64 rows then decode faster than from
-    float32 rows, in a quarter of the memory (docs/PERF.md). Otherwise auto expands a small model
-    whose float32 copy fits with room to spare. -> (mode, why, for --stats and info)."""
+    has a block kernel on this CPU (cpu_quant.block_types): one sequence and batches of up to 64
+    rows then decode faster than from float32 rows, in a quarter of the memory (docs/PERF.md).
+    Otherwise auto expands a small model whose float32 copy fits with room to spare. -> (mode, why,
+    for --stats and info)."""
     if requested != "auto":
         return requested, "--cpu-weights"
+    from llogos_cli.backends.cpu import cpu_quant   # numba's, loaded only to choose the CPU's weights
     products = _products(f, cfg)
-    in_blocks = CPU_DOT_TYPES | {GGMLQuantizationType.F32}   # F32 matrices are used in place
+    in_blocks = cpu_quant.block_types() | {GGMLQuantizationType.F32}   # F32 matrices are used in place
     if all(t.ggml_type in in_blocks for t in products):
         return "quantized", "auto: every product read in its blocks"
     f32 = need(f, cfg, "f32", n_ctx, type_k, type_v, n_slots)

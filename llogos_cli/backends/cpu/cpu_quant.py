@@ -99,6 +99,14 @@ def choose_isa(asked: str | None) -> str:
     return asked
 
 
+def block_types(isa: str | None = None) -> frozenset:
+    """The weight types whose products run in their blocks, never expanded: every type of the
+    integer products where the CPU has them (isa as choose_isa takes it, default LLOGOS_CPU_ISA),
+    else cpu_quant_dot's."""
+    isa = choose_isa(isa if isa is not None else os.environ.get("LLOGOS_CPU_ISA"))
+    return CPU_DOT_TYPES | cpu_quant_int8.TYPES if isa in ISA_ARG else CPU_DOT_TYPES
+
+
 class QuantMatmul:
     """x (T, in) float32 · W (out, in)ᵀ for W given as raw GGUF rows; holds the reused tile buffer,
     the arrays the integer kernels quantize each product's activations into (by form and row
@@ -132,7 +140,7 @@ class QuantMatmul:
         if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.TYPES:   # types the integer products do not take
             self._tiled(np.zeros((DOT_MAX_TOKENS + 1, 32), np.float32), plain, QType.Q8_0, 1, 32)
             cpu_rows.warm_up()
-        if qtypes - CPU_DOT_TYPES - (cpu_quant_int8.TYPES if self.isa in ISA_ARG else frozenset()):
+        if qtypes - block_types(self.isa):
             # no dot kernel (nor integer one): decode steps' products decode rows
             self._matvec_rows(np.zeros((1, 32), np.float32), plain, QType.Q8_0)
 
