@@ -61,7 +61,8 @@ def test_quantized_estimate_is_what_the_cpu_holds(tiny):
     assert packed_bytes(GGMLQuantizationType.Q3_K, 110 * 1000) == 114 * 1000
     assert packed_bytes(GGMLQuantizationType.MXFP4, 17 * 1000) == 17 * 1000
     assert packed_bytes(GGMLQuantizationType.Q4_K, 144 * 1000) == 148 * 1000
-    assert packed_bytes(GGMLQuantizationType.IQ4_XS, 136 * 1000) == 136 * 1000   # not tiled: read in place
+    assert packed_bytes(GGMLQuantizationType.IQ4_XS, 136 * 1000) == 138 * 1000   # eight signed scales a byte each
+    assert packed_bytes(GGMLQuantizationType.Q2_K, 84 * 1000) == 84 * 1000       # not tiled: read in place
 
 
 def test_estimates_for_float32_and_cuda_weights_leave_numba_unloaded():
@@ -103,7 +104,8 @@ def test_auto_reads_blocks_where_every_product_has_a_kernel_and_else_expands_a_s
     monkeypatch.setattr(memory, "host_available", lambda: 64 << 30)
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32")[0] == "quantized"   # q8_0 has a block kernel
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "quantized"
-    monkeypatch.setattr(cpu_quant, "block_types", frozenset)    # as for F16 or BF16 matrices
+    monkeypatch.setattr(memory, "CPU_DOT_TYPES", frozenset())    # as for F16 or BF16 matrices
+    monkeypatch.setattr(memory, "CPU_INT8_TYPES", frozenset())
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32")[0] == "f32"
     assert memory.choose_cpu_weights(f, cfg, "auto", 256, "f32", "f32", n_slots=4)[0] == "f32"
     monkeypatch.setattr(memory, "F32_MAX_WEIGHTS", 1000)
@@ -112,13 +114,14 @@ def test_auto_reads_blocks_where_every_product_has_a_kernel_and_else_expands_a_s
 
 
 def test_the_types_read_in_their_blocks_are_the_integer_products_where_the_cpu_has_them():
-    """auto's rule: a small Q3_K, IQ4_NL or MXFP4 model stays in its blocks where the integer
-    products run them (all but Q2_K and IQ4_XS), and is expanded to float32 where they do not."""
+    """auto's rule: a small Q3_K, IQ4_NL, IQ4_XS or MXFP4 model stays in its blocks where the
+    integer products run them (all but Q2_K), and is expanded to float32 where they do not."""
     assert cpu_quant.block_types("float") == CPU_DOT_TYPES
     assert GGMLQuantizationType.Q3_K not in CPU_DOT_TYPES
     if cpu_quant.host_isa() is not None:
         with_int8 = cpu_quant.block_types()
-        assert {GGMLQuantizationType.Q3_K, GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.MXFP4} <= with_int8
+        assert {GGMLQuantizationType.Q3_K, GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.IQ4_XS,
+                GGMLQuantizationType.MXFP4} <= with_int8
         assert CPU_DOT_TYPES <= with_int8 and GGMLQuantizationType.Q2_K not in with_int8
 
 

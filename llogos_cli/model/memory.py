@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends import QUERY_CHUNK
+from llogos_cli.backends import CPU_DOT_TYPES, CPU_INT8_TYPES, QUERY_CHUNK
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig
@@ -161,10 +161,13 @@ def choose_cpu_weights(f: GGUFFile, cfg: ModelConfig, requested: str, n_ctx: int
     for --stats and info)."""
     if requested != "auto":
         return requested, "--cpu-weights"
-    from llogos_cli.backends.cpu import cpu_quant   # numba's, loaded only to choose the CPU's weights
     products = _products(f, cfg)
-    in_blocks = cpu_quant.block_types() | {GGMLQuantizationType.F32}   # F32 matrices are used in place
-    if all(t.ggml_type in in_blocks for t in products):
+    types = {t.ggml_type for t in products}
+    in_blocks = CPU_DOT_TYPES | {GGMLQuantizationType.F32}   # F32 matrices are used in place
+    if types - in_blocks and types - in_blocks <= CPU_INT8_TYPES:   # the integer products' alone: if the CPU has them
+        from llogos_cli.backends.cpu import cpu_quant   # numba's: loaded only for such a model
+        in_blocks = cpu_quant.block_types() | {GGMLQuantizationType.F32}
+    if types <= in_blocks:
         return "quantized", "auto: every product read in its blocks"
     f32 = need(f, cfg, "f32", n_ctx, type_k, type_v, n_slots)
     product_weights = sum(math.prod(t.shape) for t in products)

@@ -5,7 +5,7 @@ Each product quantizes its activations once, in one of two forms, both one byte 
 - for the plain 32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), llama.cpp's Q8_0 / Q8_1: blocks
   of 32 with dx = max|x| / 127 and xq = round(x / dx), within dx / 2 of x, and xsum = Σ xq, in
   element order (quantize_blocks);
-- for the K types (Q3_K, Q4_K, Q5_K, Q6_K), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
+- for the K types (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
   each 16. One scale per 256 lets a block's eight sub-block products add up in integers, each times
   its integer scale, before one conversion to float.
 The matrices' rows are repacked at load (packed_rows): the plain types' tiled, TILE rows side by
@@ -22,6 +22,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
+from llogos_cli.backends import CPU_INT8_TYPES
 from llogos_cli.backends.cpu.cpu_jit import kernel, parallel_kernel, prange
 from llogos_cli.backends.cpu.cpu_simd import PLAIN
 from llogos_cli.backends.cpu.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_dot8, quantize8, tile_dot8
@@ -29,22 +30,23 @@ from llogos_cli.backends.cpu.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_d
 BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
 K_SUM = 16         # elements of each of a K block's sums
-PLAIN_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.IQ4_NL, QType.MXFP4})
-K_TYPES = frozenset({QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K})
-TYPES = PLAIN_TYPES | K_TYPES
+TYPES = CPU_INT8_TYPES
+K_TYPES = frozenset({QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_XS})
+PLAIN_TYPES = TYPES - K_TYPES
 TOKENS = 4   # tokens a row is multiplied with at once, its blocks decoded once for them
 WIDE = 8     # ... and in prompts, while that many are left: the blocks decoded once for twice the tokens
 MATRICES = 4   # products one call runs together (sharing an input), padded to this many
 _PLAIN_NAMES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4", "iq4_nl")
 _q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _mxfp4, _iq4_nl = (tile_dot8(n, 1) for n in _PLAIN_NAMES)
 _q8_04, _q4_04, _q4_14, _q5_04, _q5_14, _mxfp44, _iq4_nl4 = (tile_dot8(n, TOKENS) for n in _PLAIN_NAMES)
-_q3_k, _q4_k, _q5_k, _q6_k = (k_tile_dot8(n, 1) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
-_q3_k4, _q4_k4, _q5_k4, _q6_k4 = (k_tile_dot8(n, TOKENS) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
+_K_NAMES = ("q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
+_q3_k, _q4_k, _q5_k, _q6_k, _iq4_xs = (k_tile_dot8(n, 1) for n in _K_NAMES)
+_q3_k4, _q4_k4, _q5_k4, _q6_k4, _iq4_xs4 = (k_tile_dot8(n, TOKENS) for n in _K_NAMES)
 _q8_08, _q4_08, _q4_18, _q5_08, _q5_18, _mxfp48, _iq4_nl8 = (tile_dot8(n, WIDE) for n in _PLAIN_NAMES)
-_q3_k8, _q4_k8, _q5_k8, _q6_k8 = (k_tile_dot8(n, WIDE) for n in ("q3_k", "q4_k", "q5_k", "q6_k"))
+_q3_k8, _q4_k8, _q5_k8, _q6_k8, _iq4_xs8 = (k_tile_dot8(n, WIDE) for n in _K_NAMES)
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
 _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QType.Q3_K), int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
-_MXFP4, _IQ4_NL = int(QType.MXFP4), int(QType.IQ4_NL)
+_MXFP4, _IQ4_NL, _IQ4_XS = int(QType.MXFP4), int(QType.IQ4_NL), int(QType.IQ4_XS)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
 _quantize_plain, _quantize_k = quantize8(BLOCK, BLOCK), quantize8(K_BLOCK, K_SUM)
 
@@ -69,7 +71,7 @@ def quantize_k_blocks(x, xq, dx, xs):
 def quantize(x, code, xq, dx, xs):
     """x's activations into the first x.shape[0] rows of xq, dx, xs in the form a matrix of type
     `code` takes: quantize_k_blocks for the K types, else quantize_blocks."""
-    if code == _Q3_K or code == _Q4_K or code == _Q5_K or code == _Q6_K:
+    if code == _Q3_K or code == _Q4_K or code == _Q5_K or code == _Q6_K or code == _IQ4_XS:
         quantize_k_blocks(x, xq, dx, xs)
     else:
         quantize_blocks(x, xq, dx, xs)
@@ -131,6 +133,16 @@ def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
         dest[..., high_at:high_at + 1024] = _k_vectors(highs, lead)
         return
     dest[..., d_at:d_at + 2 * TILE] = blocks[..., 0:2].reshape(*lead, 2 * TILE)
+    if name == "iq4_xs":   # GGUF: d, scales_h (u16), scales_l 4 bytes, then 16 bytes of nibbles a sub-block
+        high = blocks[..., 2].astype(np.uint16) | (blocks[..., 3].astype(np.uint16) << 8)
+        j = np.arange(8)
+        ls = ((blocks[..., 4 + j // 2] >> (4 * (j % 2))) & 15) | (((high[..., None] >> (2 * j)) & 3) << 4).astype(np.uint8)
+        dest[..., scales_at:scales_at + 8 * TILE] = ((ls + 224) & 255).astype(np.uint8).swapaxes(-1, -2).reshape(*lead, 8 * TILE)
+        qs = blocks[..., 8:136].reshape(*blocks.shape[:3], 8, 16)
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1)                 # (.., row, sub-block, 32): element order
+        pairs = q[..., 0::2, :] | (q[..., 1::2, :] << 4)                 # (.., row, g, 32): groups 2g, 2g + 1 as Q4_K's
+        dest[..., quants_at:quants_at + 2048] = _k_vectors(pairs, lead)
+        return
     dest[..., dmin_at:dmin_at + 2 * TILE] = blocks[..., 2:4].reshape(*lead, 2 * TILE)
     sc, mn = _k_scales_mins(blocks[..., 4:16])
     dest[..., scales_at:scales_at + 8 * TILE] = sc.swapaxes(-1, -2).reshape(*lead, 8 * TILE)
@@ -300,6 +312,8 @@ def _dot4(rows, code, c, xq, dx, xs, t, isa, sums):
         _mxfp44(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _IQ4_NL:
         _iq4_nl4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _IQ4_XS:
+        _iq4_xs4(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -326,6 +340,8 @@ def _dot8(rows, code, c, xq, dx, xs, t, isa, sums):
         _mxfp48(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _IQ4_NL:
         _iq4_nl8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _IQ4_XS:
+        _iq4_xs8(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k8(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -352,6 +368,8 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
         _mxfp4(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _IQ4_NL:
         _iq4_nl(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _IQ4_XS:
+        _iq4_xs(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k(rows, c, xq, dx, xs, t, isa, sums)
 

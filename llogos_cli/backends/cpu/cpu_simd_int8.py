@@ -279,7 +279,8 @@ def _dot4(builder, isa: str, acc, u, x):
 # groups 2g, 2g + 1 (bits 0-3) and of quant 16 + 4n + b of both (bits 4-7). Q3_K's three-bit quants
 # (0..7 for weights d · scale · (u - 4)) keep their two low bits as Q6_K keeps its two high ones
 # (16 vectors, 4g + n) and their third as Q5_K keeps its fifth (64 masks), and its signed six-bit
-# scales a byte each, per 16 as Q6_K's. Each is TILE times the GGUF block's bytes but Q4_K's and
+# scales a byte each, per 16 as Q6_K's. IQ4_XS's nibbles are laid out as Q4_K's (each group's 32
+# in element order), its eight six-bit scales less 32 a signed byte each. Each is TILE times the GGUF block's bytes but Q4_K's and
 # Q5_K's, whose six-bit scales and mins take a byte each, and Q3_K's (114 bytes a row for 110).
 # name: (bytes, d at, dmin at, scales at, mins at, quants at, high bits at).
 K_TILED = {
@@ -287,27 +288,41 @@ K_TILED = {
     "q4_k": (TILE * 148, 0, 32, 64, 192, 320, None),
     "q5_k": (TILE * 180, 0, 32, 64, 192, 320, 2368),
     "q6_k": (TILE * 210, 0, None, 32, None, 288, 2336),
+    "iq4_xs": (TILE * 138, 0, None, 32, None, 160, None),
 }
 # The quants' bias of the types with one signed scale per 16 (weight = d · scale · (u - bias)), as a shift.
 _BIAS_SHIFT = {"q3_k": 2, "q6_k": 5}
+# K types whose quants are signed bytes: IQ4_XS's nibbles looked up in IQ4_NL's levels (IQ4_NL_Q),
+# weight = d · scale · q with one signed scale per 32, multiplied as SIGNED's plain types are.
+K_SIGNED = ("iq4_xs",)
 
 
-def _rows_dot(builder, isa: str, acc, u, word):
+def _rows_dot(builder, isa: str, acc, u, word, signed: bool = False):
     """acc (<TILE x i32>) plus each row's four products of unsigned bytes u (<64 x i8>, lane i row
-    i's) by the signed bytes of one int32 activation word (<1 x i32>), broadcast to every row."""
+    i's) by the signed bytes of one int32 activation word (<1 x i32>), broadcast to every row.
+    signed: u holds signed bytes q, taken as q + 128 with VNNI (the caller takes 128 Σ xq off
+    again), as |q| times xq with q's sign with AVX2, as _tile_isum does."""
     if isa == "vnni":
+        if signed:
+            u = builder.xor(u, const(I8, 64, -128))
         return _call(builder, "llvm.x86.avx512.vpdpbusd.512", vec(I32, TILE), acc, builder.bitcast(u, vec(I32, TILE)),
                      builder.shuffle_vector(word, word, ir.Constant(vec(I32, TILE), [0] * TILE)))
     x = builder.bitcast(builder.shuffle_vector(word, word, ir.Constant(vec(I32, 8), [0] * 8)), vec(I8, 32))
-    halves = [_dot4(builder, "avx2", builder.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(8 * h, 8 * h + 8)))),
-                    builder.shuffle_vector(u, u, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32)))), x)
-              for h in range(2)]
+    halves = []
+    for h in range(2):
+        part = builder.shuffle_vector(u, u, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))
+        xh = x
+        if signed:
+            xh = _call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, part)
+            part = _call(builder, "llvm.abs.v32i8", vec(I8, 32), part, ir.Constant(ir.IntType(1), 0))
+        halves.append(_dot4(builder, "avx2", builder.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(8 * h, 8 * h + 8)))),
+                            part, xh))
     return builder.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, TILE), list(range(TILE))))
 
 
-def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g) -> list:
+def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g, isa: str) -> list:
     """Groups 2g and 2g + 1 of a K tile-block (g an i64 value): two lists of eight <64 x i8> of
-    unsigned quants, vector n holding each row's quants 4n..4n+3 of the group."""
+    quants (unsigned; K_SIGNED's signed), vector n holding each row's quants 4n..4n+3 of the group."""
     _, _, _, _, _, quants_at, high_at = K_TILED[name]
     low = const(I8, 64, 15)
 
@@ -338,6 +353,8 @@ def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g) -> list:
                for v in nibbles]]
     if name == "q5_k":
         return with_masks(groups, 16)
+    if name == "iq4_xs":
+        return [[_lookup(builder, isa, IQ4_NL_Q, q) for q in group] for group in groups]
     if name == "q6_k":
         high = two_bits(high_at)
         for k in range(2):
@@ -360,10 +377,12 @@ def k_tile_dot8(name: str, n_tok: int):
     Q8_K activations in element order (cpu_quant_int8.quantize_k_blocks: int8 xq, a scale dx per 256
     and xs, int32 sums of xq over each 16): sums[TILE k + i] = row i's sum for token t + k. Per
     block, a group's eight `_rows_dot` leave every row's integer sum; times the rows' scales in
-    integers (`vpmulld`), the mins (Q4_K, Q5_K) or the quants' bias (4 for Q3_K, 32 for Q6_K) taken against xs,
+    integers (`vpmulld`), the mins (Q4_K, Q5_K) or the quants' bias (4 for Q3_K, 32 for Q6_K, 128
+    for IQ4_XS's signed quants with VNNI) taken against xs,
     then d · dx times the block's sums into one float vector per token, in a fixed order of steps
     (ORDERED), so that a token's sums do not depend on the tokens beside it."""
     size, d_at, dmin_at, scales_at, mins_at, _, _ = K_TILED[name]
+    signed = name in K_SIGNED
 
     @intrinsic
     def dot(typingctx, rows, c, xq, dx, xs, t, isa, sums):
@@ -391,7 +410,7 @@ def k_tile_dot8(name: str, n_tok: int):
                 with cgutils.for_range(builder, ir.Constant(I64, 4)) as groups_loop:
                     g = groups_loop.index
                     totals = [builder.load(a) for a in sums_at]
-                    groups = _k_tile_groups(context, builder, rows_t, rows, o, name, g)
+                    groups = _k_tile_groups(context, builder, rows_t, rows, o, name, g, chosen)
                     for kk, quants in enumerate(groups):
                         j = builder.add(builder.mul(g, ir.Constant(I64, 2)), ir.Constant(I64, kk))
                         if name in _BIAS_SHIFT:
@@ -399,7 +418,7 @@ def k_tile_dot8(name: str, n_tok: int):
                                                 builder.add(builder.mul(j, ir.Constant(I64, 2)), ir.Constant(I64, h)), True)
                                       for h in range(2)]
                         else:
-                            scale = _k_scales(context, builder, rows_t, rows, o, scales_at, j, False)
+                            scale = _k_scales(context, builder, rows_t, rows, o, scales_at, j, signed)
                         for k, block in enumerate(blocks):
                             e = builder.add(builder.mul(block, ir.Constant(I64, 256)), builder.mul(j, ir.Constant(I64, 32)))
                             words = load(context, builder, xq_t, xq, e, I32, 8)
@@ -408,7 +427,7 @@ def k_tile_dot8(name: str, n_tok: int):
                                 a = const(I32, TILE, 0)
                                 for n in range(4 * h, 4 * h + 4):
                                     a = _rows_dot(builder, chosen, a, quants[n],
-                                                  builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [n])))
+                                                  builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [n])), signed)
                                 isums.append(a)
                             if name in _BIAS_SHIFT:   # (Σ u · x - bias · Σ x) · scale, per 16
                                 for h in range(2):
@@ -418,7 +437,14 @@ def k_tile_dot8(name: str, n_tok: int):
                                                     const(I32, TILE, _BIAS_SHIFT[name]))
                                     totals[k] = builder.add(totals[k], builder.mul(builder.sub(isums[h], s), scales[h]))
                             else:
-                                totals[k] = builder.add(totals[k], builder.mul(builder.add(*isums), scale))
+                                isum = builder.add(*isums)
+                                if signed and chosen == "vnni":   # less 128 Σ xq over the group's 32
+                                    s = load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
+                                                                                     builder.mul(j, ir.Constant(I64, 2))), I32, 2)
+                                    s = builder.add(builder.shuffle_vector(s, s, ir.Constant(vec(I32, TILE), [0] * TILE)),
+                                                    builder.shuffle_vector(s, s, ir.Constant(vec(I32, TILE), [1] * TILE)))
+                                    isum = builder.sub(isum, builder.shl(s, const(I32, TILE, 7)))
+                                totals[k] = builder.add(totals[k], builder.mul(isum, scale))
                     for a, total in zip(sums_at, totals):
                         builder.store(total, a)
                 totals = [builder.load(a) for a in sums_at]
