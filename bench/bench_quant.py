@@ -72,11 +72,14 @@ def llama_bench(exe: str, path: Path, n_tg: int, reps: int) -> dict:
 
 
 def model_file(name: str) -> Path:
+    """A real model by name, or a synthetic shape (llama-1b, llama-8b, qwen3-30b-a3b, ...), in
+    another type mix as SHAPE:MIX (llama-1b:iq4_xs)."""
     from bench.synthetic import SPECS
-    if name in SPECS and SPECS[name].mix != "q4_1":   # synthetic shapes: llama-1b, llama-8b, qwen3-30b-a3b
+    shape, _, mix = name.partition(":")
+    if shape in SPECS and SPECS[shape].mix != "q4_1":
         from bench.synthetic_gguf import write_model
         from llogos_cli.paths import cache_dir
-        return write_model(name, cache_dir("bench"))
+        return write_model(shape, cache_dir("bench"), mix or None)
     from llogos_cli.model.registry import resolve_model
     return resolve_model(name)[0]
 

@@ -1,6 +1,6 @@
 """GGUF files of random weights in real model shapes, for the CPU benchmarks, and random GGUF rows for tests.
 
-    python bench/synthetic_gguf.py llama-1b|llama-8b|qwen3-30b-a3b|gpt-oss-20b [--out DIR]
+    python bench/synthetic_gguf.py llama-1b|llama-8b|qwen3-30b-a3b|gpt-oss-20b [--mix MIX] [--out DIR]
 
 Writes DIR/<shape>-<mix>.gguf (DIR: ~/.cache/llogos/bench) in the shapes and type mixes (Q4_K_M,
 Q3_K_M, gpt-oss's MXFP4) of bench/synthetic.py's specs (the CUDA benchmark's), the
@@ -10,6 +10,7 @@ BPE vocabulary llama.cpp accepts. Random weights: what a benchmark needs, not a 
 """
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -81,10 +82,11 @@ def _vectors(spec: Spec) -> list[tuple[str, tuple[int, ...], float]]:
                                                   for il in range(spec.n_layer) for name, shape, value in per_layer]
 
 
-def write_model(shape: str, out: Path) -> Path:
-    """The synthetic GGUF of `shape` in folder out, written once; tensors are streamed to the file
-    one at a time, so an 8B model needs no more memory than its largest tensor."""
-    s = SPECS[shape]
+def write_model(shape: str, out: Path, mix: str | None = None) -> Path:
+    """The synthetic GGUF of `shape` (in another type mix than its own if given) in folder out,
+    written once; tensors are streamed to the file one at a time, so an 8B model needs no more
+    memory than its largest tensor."""
+    s = SPECS[shape] if mix is None else dataclasses.replace(SPECS[shape], mix=mix)
     path = out / f"{shape}-{s.mix}.gguf"
     if path.exists():
         return path
@@ -116,7 +118,7 @@ def write_model(shape: str, out: Path) -> Path:
         w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(s.rope_base)
     w.add_layer_norm_rms_eps(1e-6 if s.arch in ("qwen3moe", "qwen35") else 1e-5)
-    w.add_file_type({"q4_k_m": 15, "q3_k_m": 12, "mxfp4": 38}[s.mix])   # MOSTLY_Q4_K_M, _Q3_K_M, _MXFP4_MOE
+    w.add_file_type({"q4_k_m": 15, "q3_k_m": 12, "iq4_xs": 30, "mxfp4": 38}[s.mix])   # MOSTLY_Q4_K_M, _Q3_K_M, _IQ4_XS, _MXFP4_MOE
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, s.n_vocab)])
@@ -148,9 +150,10 @@ def write_model(shape: str, out: Path) -> Path:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=[n for n, s in SPECS.items() if s.arch != "qwen35" and s.mix != "q4_1"])
+    ap.add_argument("--mix", choices=["q4_k_m", "q3_k_m", "iq4_xs"], help="another type mix than the shape's own")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    print(write_model(args.shape, args.out or cache_dir("bench")))
+    print(write_model(args.shape, args.out or cache_dir("bench"), args.mix))
 
 
 if __name__ == "__main__":

@@ -47,3 +47,18 @@ def test_a_gpt_oss_shape_loads_and_runs(tmp_path, monkeypatch):
     assert (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp) == (8, 2, 256)
     logits = model.forward(model.new_cache(1, 64), Batch.run(np.arange(5, 45), 0, 0, [39]))
     assert logits.shape == (1, 500) and np.all(np.isfinite(logits))
+
+
+def test_a_shape_in_another_type_mix(tmp_path, monkeypatch):
+    """bench_quant's SHAPE:MIX: llama-1b's shape in llama.cpp's IQ4_XS mix (every matrix IQ4_XS,
+    the tied table Q6_K), named after the mix, loads and runs."""
+    spec = dataclasses.replace(synthetic.SPECS["llama-1b"], name="tiny-llama", n_layer=2, n_vocab=500, n_embd=256,
+                               n_head=4, n_kv=2, n_ff=512)
+    monkeypatch.setitem(synthetic.SPECS, "tiny-llama", spec)
+    path = synthetic_gguf.write_model("tiny-llama", tmp_path, "iq4_xs")
+    assert path.name == "tiny-llama-iq4_xs.gguf"
+    types = {info.ggml_type for name, info in GGUFFile(path).tensors.items() if len(info.shape) == 2}
+    assert types == {QType.IQ4_XS, QType.Q6_K}
+    model = load(path, "cpu", "auto", n_ctx=32).model
+    logits = model.forward(model.new_cache(1, 32), Batch.run(np.arange(5, 15), 0, 0, [9]))
+    assert logits.shape == (1, 500) and np.all(np.isfinite(logits))
