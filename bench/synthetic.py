@@ -58,7 +58,7 @@ class Spec:
     n_ff: int
     rope_base: float
     tied: bool          # the LM head is token_embd
-    mix: str            # "q4_1" (SmolLM2 as shipped), "q4_k_m", "q3_k_m", "iq4_xs" or "mxfp4"
+    mix: str            # "q4_1" (SmolLM2 as shipped), "q4_k_m", "q3_k_m", "q2_k", "iq4_xs" or "mxfp4"
     head_dim: int = 0   # 0: n_embd // n_head
     rope_dims: int = 0  # 0: all of head_dim
     hybrid: Hybrid | None = None
@@ -85,8 +85,8 @@ class Spec:
             return Q.MXFP4 if name.endswith("_exps") else Q.Q8_0
         if name == "output" or (name == "token_embd" and self.tied):
             return Q.Q6_K
-        if self.mix == "iq4_xs":   # llama.cpp's IQ4_XS: every other matrix
-            return Q.IQ4_XS
+        if self.mix in ("iq4_xs", "q2_k"):   # every other matrix of the type (llama.cpp's --pure)
+            return Q[self.mix.upper()]
         # llama.cpp's Q4_K_M spends 6 bits on attn_v and ffn_down in the first and last eighth of
         # the layers and every third layer between; its Q3_K_M (roughly) 5 bits there, 4 bits on
         # the rest of attn_v, ffn_down and attn_output, 3 bits elsewhere.

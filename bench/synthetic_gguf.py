@@ -118,7 +118,7 @@ def write_model(shape: str, out: Path, mix: str | None = None) -> Path:
         w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(s.rope_base)
     w.add_layer_norm_rms_eps(1e-6 if s.arch in ("qwen3moe", "qwen35") else 1e-5)
-    w.add_file_type({"q4_k_m": 15, "q3_k_m": 12, "iq4_xs": 30, "mxfp4": 38}[s.mix])   # MOSTLY_Q4_K_M, _Q3_K_M, _IQ4_XS, _MXFP4_MOE
+    w.add_file_type({"q4_k_m": 15, "q3_k_m": 12, "q2_k": 10, "iq4_xs": 30, "mxfp4": 38}[s.mix])   # MOSTLY_Q4_K_M, ...
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, s.n_vocab)])
@@ -150,7 +150,7 @@ def write_model(shape: str, out: Path, mix: str | None = None) -> Path:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=[n for n, s in SPECS.items() if s.arch != "qwen35" and s.mix != "q4_1"])
-    ap.add_argument("--mix", choices=["q4_k_m", "q3_k_m", "iq4_xs"], help="another type mix than the shape's own")
+    ap.add_argument("--mix", choices=["q4_k_m", "q3_k_m", "q2_k", "iq4_xs"], help="another type mix than the shape's own")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     print(write_model(args.shape, args.out or cache_dir("bench"), args.mix))

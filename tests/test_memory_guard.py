@@ -62,7 +62,7 @@ def test_quantized_estimate_is_what_the_cpu_holds(tiny):
     assert packed_bytes(GGMLQuantizationType.MXFP4, 17 * 1000) == 17 * 1000
     assert packed_bytes(GGMLQuantizationType.Q4_K, 144 * 1000) == 148 * 1000
     assert packed_bytes(GGMLQuantizationType.IQ4_XS, 136 * 1000) == 138 * 1000   # eight signed scales a byte each
-    assert packed_bytes(GGMLQuantizationType.Q2_K, 84 * 1000) == 84 * 1000       # not tiled: read in place
+    assert packed_bytes(GGMLQuantizationType.Q2_K, 84 * 1000) == 84 * 1000       # its scale-and-min bytes kept
 
 
 def test_estimates_for_float32_and_cuda_weights_leave_numba_unloaded():
@@ -114,15 +114,15 @@ def test_auto_reads_blocks_where_every_product_has_a_kernel_and_else_expands_a_s
 
 
 def test_the_types_read_in_their_blocks_are_the_integer_products_where_the_cpu_has_them():
-    """auto's rule: a small Q3_K, IQ4_NL, IQ4_XS or MXFP4 model stays in its blocks where the
-    integer products run them (all but Q2_K), and is expanded to float32 where they do not."""
+    """auto's rule: a small Q2_K, Q3_K, IQ4_NL, IQ4_XS or MXFP4 model stays in its blocks where
+    the integer products run them, and is expanded to float32 where they do not."""
     assert cpu_quant.block_types("float") == CPU_DOT_TYPES
     assert GGMLQuantizationType.Q3_K not in CPU_DOT_TYPES
     if cpu_quant.host_isa() is not None:
         with_int8 = cpu_quant.block_types()
-        assert {GGMLQuantizationType.Q3_K, GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.IQ4_XS,
-                GGMLQuantizationType.MXFP4} <= with_int8
-        assert CPU_DOT_TYPES <= with_int8 and GGMLQuantizationType.Q2_K not in with_int8
+        assert {GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K, GGMLQuantizationType.IQ4_NL,
+                GGMLQuantizationType.IQ4_XS, GGMLQuantizationType.MXFP4} <= with_int8
+        assert CPU_DOT_TYPES <= with_int8 and GGMLQuantizationType.F16 not in with_int8
 
 
 def test_host_available_is_a_plausible_number():

@@ -186,15 +186,15 @@ def test_cpu_quantized_path_matches_float32_model(models, qtype, monkeypatch):
             assert "integer products" in loaded.memory
 
 
-def test_auto_keeps_a_small_model_in_its_blocks_only_where_integer_products_take_them(models, monkeypatch):
-    """No float32 dot kernel multiplies these types in their blocks, the integer products all but
-    Q2_K where the CPU has AVX2 or VNNI: auto holds a small Q3_K model in its blocks there, and
-    as float32 under LLOGOS_CPU_ISA=float; a Q2_K one as float32 either way."""
+@pytest.mark.parametrize("qtype", [QType.Q2_K, QType.Q3_K], **_ids)
+def test_auto_keeps_a_small_model_in_its_blocks_only_where_integer_products_take_them(models, qtype, monkeypatch):
+    """No float32 dot kernel multiplies these types in their blocks, the integer products do where
+    the CPU has AVX2 or VNNI: auto holds a small model in its blocks there, and as float32 under
+    LLOGOS_CPU_ISA=float."""
     int8 = host_isa() is not None
-    assert ("cpu weights quantized" if int8 else "cpu weights f32") in load(str(models[QType.Q3_K][0]), backend="cpu", n_ctx=64).memory
-    assert "cpu weights f32" in load(str(models[QType.Q2_K][0]), backend="cpu", n_ctx=64).memory
+    assert ("cpu weights quantized" if int8 else "cpu weights f32") in load(str(models[qtype][0]), backend="cpu", n_ctx=64).memory
     monkeypatch.setenv("LLOGOS_CPU_ISA", "float")
-    assert "cpu weights f32" in load(str(models[QType.Q3_K][0]), backend="cpu", n_ctx=64).memory
+    assert "cpu weights f32" in load(str(models[qtype][0]), backend="cpu", n_ctx=64).memory
 
 
 @pytest.mark.parametrize("qtype", NEW_TYPES, **_ids)

@@ -86,8 +86,8 @@ CPU_DOT_TYPES = frozenset(getattr(GGMLQuantizationType, n) for n in
 # ... and those it multiplies with 8-bit activations, any number of tokens at a time, where it has
 # integer dot products (cpu_quant_int8).
 CPU_INT8_TYPES = frozenset(getattr(GGMLQuantizationType, n) for n in
-                           ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-                            "IQ4_XS"))
+                           ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                            "Q6_K", "IQ4_XS"))
 # Lists of matrices whose products' routes the CPU keeps (a model's own lists are a few hundred;
 # the experts' slices are new arrays every step, so past this many the kept ones are dropped).
 ROUTES_KEPT = 1024

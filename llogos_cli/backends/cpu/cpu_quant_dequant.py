@@ -213,8 +213,9 @@ ROWS_A_SHARE = 16   # rows matvec_rows hands a thread at a time, decoded into on
 
 @parallel_kernel
 def matvec_rows(raw, code, x, out):
-    """out (T, rows) = x (T, cols) · the rows of raw of GGML type `code`, for the types no dot
-    kernel takes (Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4), on every core: each row is decoded to float32
+    """out (T, rows) = x (T, cols) · the rows of raw of GGML type `code`, for the types no float32
+    dot kernel takes (Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4; the integer products do, where the CPU has
+    them), on every core: each row is decoded to float32
     once and dotted with every token's x, instead of a whole matrix being decoded a tile at a time
     on one thread before a BLAS product, as prompts' products are."""
     rows, cols = raw.shape[0], x.shape[1]

@@ -5,7 +5,7 @@ Each product quantizes its activations once, in one of two forms, both one byte 
 - for the plain 32-weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), llama.cpp's Q8_0 / Q8_1: blocks
   of 32 with dx = max|x| / 127 and xq = round(x / dx), within dx / 2 of x, and xsum = Σ xq, in
   element order (quantize_blocks);
-- for the K types (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
+- for the K types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), llama.cpp's Q8_K: blocks of 256, and xs the sums of xq over
   each 16. One scale per 256 lets a block's eight sub-block products add up in integers, each times
   its integer scale, before one conversion to float.
 The matrices' rows are repacked at load (packed_rows): the plain types' tiled, TILE rows side by
@@ -31,7 +31,7 @@ BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
 K_SUM = 16         # elements of each of a K block's sums
 TYPES = CPU_INT8_TYPES
-K_TYPES = frozenset({QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_XS})
+K_TYPES = frozenset({QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_XS})
 PLAIN_TYPES = TYPES - K_TYPES
 TOKENS = 4   # tokens a row is multiplied with at once, its blocks decoded once for them
 WIDE = 8     # ... and in prompts, while that many are left: the blocks decoded once for twice the tokens
@@ -39,13 +39,13 @@ MATRICES = 4   # products one call runs together (sharing an input), padded to t
 _PLAIN_NAMES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4", "iq4_nl")
 _q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _mxfp4, _iq4_nl = (tile_dot8(n, 1) for n in _PLAIN_NAMES)
 _q8_04, _q4_04, _q4_14, _q5_04, _q5_14, _mxfp44, _iq4_nl4 = (tile_dot8(n, TOKENS) for n in _PLAIN_NAMES)
-_K_NAMES = ("q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
-_q3_k, _q4_k, _q5_k, _q6_k, _iq4_xs = (k_tile_dot8(n, 1) for n in _K_NAMES)
-_q3_k4, _q4_k4, _q5_k4, _q6_k4, _iq4_xs4 = (k_tile_dot8(n, TOKENS) for n in _K_NAMES)
+_K_NAMES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
+_q2_k, _q3_k, _q4_k, _q5_k, _q6_k, _iq4_xs = (k_tile_dot8(n, 1) for n in _K_NAMES)
+_q2_k4, _q3_k4, _q4_k4, _q5_k4, _q6_k4, _iq4_xs4 = (k_tile_dot8(n, TOKENS) for n in _K_NAMES)
 _q8_08, _q4_08, _q4_18, _q5_08, _q5_18, _mxfp48, _iq4_nl8 = (tile_dot8(n, WIDE) for n in _PLAIN_NAMES)
-_q3_k8, _q4_k8, _q5_k8, _q6_k8, _iq4_xs8 = (k_tile_dot8(n, WIDE) for n in _K_NAMES)
+_q2_k8, _q3_k8, _q4_k8, _q5_k8, _q6_k8, _iq4_xs8 = (k_tile_dot8(n, WIDE) for n in _K_NAMES)
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.Q4_1), int(QType.Q5_0), int(QType.Q5_1)
-_Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QType.Q3_K), int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
+_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QType.Q2_K), int(QType.Q3_K), int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
 _MXFP4, _IQ4_NL, _IQ4_XS = int(QType.MXFP4), int(QType.IQ4_NL), int(QType.IQ4_XS)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
 _quantize_plain, _quantize_k = quantize8(BLOCK, BLOCK), quantize8(K_BLOCK, K_SUM)
@@ -71,7 +71,7 @@ def quantize_k_blocks(x, xq, dx, xs):
 def quantize(x, code, xq, dx, xs):
     """x's activations into the first x.shape[0] rows of xq, dx, xs in the form a matrix of type
     `code` takes: quantize_k_blocks for the K types, else quantize_blocks."""
-    if code == _Q3_K or code == _Q4_K or code == _Q5_K or code == _Q6_K or code == _IQ4_XS:
+    if code == _Q2_K or code == _Q3_K or code == _Q4_K or code == _Q5_K or code == _Q6_K or code == _IQ4_XS:
         quantize_k_blocks(x, xq, dx, xs)
     else:
         quantize_blocks(x, xq, dx, xs)
@@ -113,6 +113,14 @@ def _tile_k_rows(raw: np.ndarray, name: str, out: np.ndarray) -> None:
         n_blocks = raw.shape[1] // size
         _tile_q3_k(raw, np.lib.stride_tricks.as_strided(out, (-(-raw.shape[0] // TILE), n_blocks, tile),
                                                         (tile * n_blocks, tile, 1)))
+        return
+    if name == "q2_k":   # GGUF: 16 bytes of a scale (low nibble) and min (high) per 16, qs 64 bytes, d, dmin
+        dest[..., d_at:d_at + 2 * TILE] = blocks[..., 80:82].reshape(*lead, 2 * TILE)
+        dest[..., dmin_at:dmin_at + 2 * TILE] = blocks[..., 82:84].reshape(*lead, 2 * TILE)
+        dest[..., scales_at:scales_at + 16 * TILE] = blocks[..., 0:16].swapaxes(-1, -2).reshape(*lead, 16 * TILE)
+        qs = blocks[..., 16:80].reshape(*blocks.shape[:3], 2, 1, 32)                # (.., row, half, 1, l)
+        q = (qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3                 # group 4 half + shift, quant l
+        dest[..., quants_at:quants_at + 1024] = _two_bit_vectors(q.reshape(*blocks.shape[:3], 8, 32), lead)
         return
     if name == "q6_k":   # GGUF: ql 128 bytes, qh 64, 16 scales (i8), d
         ql, qh = blocks[..., 0:128].astype(np.uint8), blocks[..., 128:192]
@@ -183,6 +191,16 @@ def _tile_q3_k(raw, dest):
                         out[where] |= (u & 3) << (2 * (j % 2) + 4 * (l // 16))
                         bit = 4 * i + l % 4
                         out[masks_at + 8 * (8 * j + l // 4) + bit // 8] |= (u >> 2) << (bit % 8)
+
+
+def _two_bit_vectors(q: np.ndarray, lead) -> np.ndarray:
+    """(.., TILE rows, 8 groups, 32 quants) of 0..3 -> (.., 1024) bytes as _tile_q3_k lays out its
+    two low bits: byte 256 g + 64 n + 4 i + b holds at bits 2 k + 4 part row i's quant 16 part + 4 n + b
+    of group 2 g + k."""
+    q = q.reshape(*lead, TILE, 4, 2, 2, 4, 4)                                      # (.., row, g, k, part, n, b)
+    shifts = (2 * np.arange(2)[:, None] + 4 * np.arange(2)[None, :]).astype(np.uint8)   # (k, part)
+    packed = np.bitwise_or.reduce((q << shifts[:, :, None, None]).reshape(*lead, TILE, 4, 4, 4, 4), axis=-3)
+    return packed.transpose(0, 1, 3, 4, 2, 5).reshape(*lead, 1024)                  # (.., g, n, row, b)
 
 
 def _k_vectors(per_group: np.ndarray, lead) -> np.ndarray:
@@ -314,6 +332,8 @@ def _dot4(rows, code, c, xq, dx, xs, t, isa, sums):
         _iq4_nl4(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _IQ4_XS:
         _iq4_xs4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q2_K:
+        _q2_k4(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -342,6 +362,8 @@ def _dot8(rows, code, c, xq, dx, xs, t, isa, sums):
         _iq4_nl8(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _IQ4_XS:
         _iq4_xs8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q2_K:
+        _q2_k8(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k8(rows, c, xq, dx, xs, t, isa, sums)
 
@@ -370,6 +392,8 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
         _iq4_nl(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _IQ4_XS:
         _iq4_xs(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q2_K:
+        _q2_k(rows, c, xq, dx, xs, t, isa, sums)
     else:
         _q5_k(rows, c, xq, dx, xs, t, isa, sums)
 

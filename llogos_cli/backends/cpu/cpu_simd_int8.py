@@ -280,10 +280,13 @@ def _dot4(builder, isa: str, acc, u, x):
 # (0..7 for weights d · scale · (u - 4)) keep their two low bits as Q6_K keeps its two high ones
 # (16 vectors, 4g + n) and their third as Q5_K keeps its fifth (64 masks), and its signed six-bit
 # scales a byte each, per 16 as Q6_K's. IQ4_XS's nibbles are laid out as Q4_K's (each group's 32
-# in element order), its eight six-bit scales less 32 a signed byte each. Each is TILE times the GGUF block's bytes but Q4_K's and
+# in element order), its eight six-bit scales less 32 a signed byte each. Q2_K's quants (0..3 for
+# weights d · scale · u - dmin · min) keep Q3_K's two low bits' layout, and each of its 16 bytes of a
+# four-bit scale (low) and min (high) per 16 stays as it is, a byte a row: its tiles are its blocks' size. Each is TILE times the GGUF block's bytes but Q4_K's and
 # Q5_K's, whose six-bit scales and mins take a byte each, and Q3_K's (114 bytes a row for 110).
 # name: (bytes, d at, dmin at, scales at, mins at, quants at, high bits at).
 K_TILED = {
+    "q2_k": (TILE * 84, 0, 32, 64, 64, 320, None),
     "q3_k": (TILE * 114, 0, None, 32, None, 288, 1312),
     "q4_k": (TILE * 148, 0, 32, 64, 192, 320, None),
     "q5_k": (TILE * 180, 0, 32, 64, 192, 320, 2368),
@@ -347,6 +350,8 @@ def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g, isa: str) ->
         return groups
     if name == "q3_k":
         return with_masks(two_bits(quants_at), 4)
+    if name == "q2_k":
+        return two_bits(quants_at)
     nibbles = [load(context, builder, rows_t, rows, at(builder, base(512), quants_at + 64 * n), I8, 64) for n in range(8)]
     groups = [[builder.and_(v, low) for v in nibbles],
               [builder.and_(builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)), low)
@@ -377,7 +382,7 @@ def k_tile_dot8(name: str, n_tok: int):
     Q8_K activations in element order (cpu_quant_int8.quantize_k_blocks: int8 xq, a scale dx per 256
     and xs, int32 sums of xq over each 16): sums[TILE k + i] = row i's sum for token t + k. Per
     block, a group's eight `_rows_dot` leave every row's integer sum; times the rows' scales in
-    integers (`vpmulld`), the mins (Q4_K, Q5_K) or the quants' bias (4 for Q3_K, 32 for Q6_K, 128
+    integers (`vpmulld`), the mins (Q4_K, Q5_K per 32; Q2_K per 16) or the quants' bias (4 for Q3_K, 32 for Q6_K, 128
     for IQ4_XS's signed quants with VNNI) taken against xs,
     then d · dx times the block's sums into one float vector per token, in a fixed order of steps
     (ORDERED), so that a token's sums do not depend on the tokens beside it."""
@@ -413,10 +418,13 @@ def k_tile_dot8(name: str, n_tok: int):
                     groups = _k_tile_groups(context, builder, rows_t, rows, o, name, g, chosen)
                     for kk, quants in enumerate(groups):
                         j = builder.add(builder.mul(g, ir.Constant(I64, 2)), ir.Constant(I64, kk))
-                        if name in _BIAS_SHIFT:
+                        if name in _BIAS_SHIFT or name == "q2_k":   # a scale per 16
                             scales = [_k_scales(context, builder, rows_t, rows, o, scales_at,
-                                                builder.add(builder.mul(j, ir.Constant(I64, 2)), ir.Constant(I64, h)), True)
+                                                builder.add(builder.mul(j, ir.Constant(I64, 2)), ir.Constant(I64, h)),
+                                                name != "q2_k")
                                       for h in range(2)]
+                            if name == "q2_k":   # the low four bits of the scale-and-min byte
+                                scales = [builder.and_(s, const(I32, TILE, 15)) for s in scales]
                         else:
                             scale = _k_scales(context, builder, rows_t, rows, o, scales_at, j, signed)
                         for k, block in enumerate(blocks):
@@ -436,6 +444,9 @@ def k_tile_dot8(name: str, n_tok: int):
                                     s = builder.shl(builder.shuffle_vector(s, s, ir.Constant(vec(I32, TILE), [0] * TILE)),
                                                     const(I32, TILE, _BIAS_SHIFT[name]))
                                     totals[k] = builder.add(totals[k], builder.mul(builder.sub(isums[h], s), scales[h]))
+                            elif name == "q2_k":
+                                for h in range(2):
+                                    totals[k] = builder.add(totals[k], builder.mul(isums[h], scales[h]))
                             else:
                                 isum = builder.add(*isums)
                                 if signed and chosen == "vnni":   # less 128 Σ xq over the group's 32
@@ -451,15 +462,17 @@ def k_tile_dot8(name: str, n_tok: int):
                 d = _tile_halves(context, builder, rows_t, rows, at(builder, o, d_at))
                 if dmin_at is not None:   # Σ min · Σ xq per token, in floats: integers below 2^24, exact in any order
                     dmin = _tile_halves(context, builder, rows_t, rows, at(builder, o, dmin_at))
+                    per16 = name == "q2_k"   # a min per 16 (the high four bits of its scale's byte), else per 32
                     pairs = []
                     for block in blocks:
                         sums16 = load(context, builder, xs_t, xs, builder.mul(block, ir.Constant(I64, 16)), I32, 16)
-                        pairs.append(builder.sitofp(builder.add(
+                        pairs.append(builder.sitofp(sums16, vec(F32, 16)) if per16 else builder.sitofp(builder.add(
                             builder.shuffle_vector(sums16, sums16, ir.Constant(vec(I32, 8), list(range(0, 16, 2)))),
                             builder.shuffle_vector(sums16, sums16, ir.Constant(vec(I32, 8), list(range(1, 16, 2))))), vec(F32, 8)))
                     by_min = [const(F32, TILE, 0.0) for _ in blocks]
-                    for j in range(8):
-                        m = builder.uitofp(_k_scales(context, builder, rows_t, rows, o, mins_at, j, False), vec(F32, TILE))
+                    for j in range(16 if per16 else 8):
+                        m = _k_scales(context, builder, rows_t, rows, o, mins_at, j, False)
+                        m = builder.uitofp(builder.lshr(m, const(I32, TILE, 4)) if per16 else m, vec(F32, TILE))
                         for k, p in enumerate(pairs):
                             by_min[k] = _call(builder, "llvm.fma.v16f32", vec(F32, TILE), m,
                                               builder.shuffle_vector(p, p, ir.Constant(vec(I32, TILE), [j] * TILE)), by_min[k])
