@@ -195,11 +195,12 @@ class QuantMatmul:
             return None
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, np.float32)
-        arrays = self._activation_arrays(x, qtype in cpu_quant_int8.K_TYPES)
+        k_type = qtype in cpu_quant_int8.K_TYPES
+        arrays = self._activation_arrays(x, k_type)
         out = np.empty((x.shape[0], n), np.float32)
         shares = parts(experts.size * (n // cpu_quant_int8.CHUNK), self.threads)
         cpu_quant_int8.matvec8_experts(rows, int(qtype), np.ascontiguousarray(experts, np.int64), x, *arrays, out,
-                                       self._isa_arg, shares)
+                                       self._isa_arg, shares, cpu_quant_int8.FAMILY_ARG[k_type])
         return out
 
     def __call__(self, x: np.ndarray, raw: np.ndarray, qtype: QType) -> np.ndarray:
@@ -272,10 +273,10 @@ class QuantMatmul:
         shares = parts(chunks, self.threads)
         if n == 1:
             out = np.empty((x.shape[0], raws[0].shape[0]), np.float32)
-            cpu_quant_int8.matvec8_one(raws[0], codes, x, *arrays, out, self._isa_arg, shares)
+            cpu_quant_int8.matvec8_one(raws[0], codes, x, *arrays, out, self._isa_arg, shares, cpu_quant_int8.FAMILY_ARG[k_type])
             return [out]
         outs = tuple([np.empty((x.shape[0], raw.shape[0]), np.float32) for raw in raws[:n]]) + _PADDING[n]
-        cpu_quant_int8.matvec8(raws, codes, firsts, x, *arrays, outs, self._isa_arg, shares)
+        cpu_quant_int8.matvec8(raws, codes, firsts, x, *arrays, outs, self._isa_arg, shares, cpu_quant_int8.FAMILY_ARG[k_type])
         return list(outs[:n])
 
     def _activation_arrays(self, x: np.ndarray, k_type: bool) -> tuple:

@@ -26,6 +26,8 @@ from llogos_cli.backends import CPU_INT8_TYPES
 from llogos_cli.backends.cpu.cpu_jit import kernel, parallel_kernel, prange
 from llogos_cli.backends.cpu.cpu_simd import PLAIN
 from llogos_cli.backends.cpu.cpu_simd_int8 import K_TILED, TILE, TILED, k_tile_dot8, quantize8, tile_dot8
+from numba import typeof                   # (after cpu_jit, which sets numba's cache folder first)
+from numba.extending import overload
 
 BLOCK = 32         # the plain types' activation block
 K_BLOCK = 256      # the K types' (Q8_K)
@@ -48,6 +50,11 @@ _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QType.Q8_0), int(QType.Q4_0), int(QType.
 _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QType.Q2_K), int(QType.Q3_K), int(QType.Q4_K), int(QType.Q5_K), int(QType.Q6_K)
 _MXFP4, _IQ4_NL, _IQ4_XS = int(QType.MXFP4), int(QType.IQ4_NL), int(QType.IQ4_XS)
 CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
+# Which family's kernels, plain or K (True), a product's specialisation compiles, named by a NumPy
+# scalar's type as ISA_ARG names the instruction set: a model of plain types never compiles the K
+# types' kernels, nor one of K types the plain ones' (each about half a first run's compile).
+FAMILY_ARG = {False: np.uint8(0), True: np.uint16(0)}
+FAMILY_ARG_TYPES = {k: typeof(v) for k, v in FAMILY_ARG.items()}
 _quantize_plain, _quantize_k = quantize8(BLOCK, BLOCK), quantize8(K_BLOCK, K_SUM)
 
 
@@ -281,7 +288,7 @@ def packed_rows(raw: np.ndarray, qtype: QType) -> np.ndarray:
 
 
 @kernel
-def _tiles(rows, code, c0, c1, xq, dx, xs, out, isa):
+def _tiles(rows, code, c0, c1, xq, dx, xs, out, isa, family):
     """Tiles c0..c1-1 of tiled rows of type `code` times every token, into out (T, rows): WIDE
     tokens at a time while that many are left (a prompt's), then TOKENS, then one at a time; xq, dx, xs the activations of the T tokens in their
     first T rows, xs their integer sums (per block of 32 for the plain types, per 16 for the K types)."""
@@ -295,81 +302,23 @@ def _tiles(rows, code, c0, c1, xq, dx, xs, out, isa):
             k = n_tok - t
             if k >= WIDE:
                 k = WIDE
-                _dot8(rows, code, c, xq, dx, xs, t, isa, sums)
+                _dot8(rows, code, c, xq, dx, xs, t, isa, sums, family)
             elif k >= TOKENS:
                 k = TOKENS
-                _dot4(rows, code, c, xq, dx, xs, t, isa, sums)
+                _dot4(rows, code, c, xq, dx, xs, t, isa, sums, family)
             else:
                 for j in range(k):
-                    _dot1(rows, code, c, xq, dx, xs, t + j, isa, sums[TILE * j:])
+                    _dot1(rows, code, c, xq, dx, xs, t + j, isa, sums[TILE * j:], family)
             for j in range(k):
                 for i in range(n):
                     out[t + j, r0 + i] = sums[TILE * j + i]
             t += k
 
 
+# The kernels by type code, a chain for each family and count of tokens: compiled code names each
+# intrinsic it calls, so the tables are written out (the plain types' most common first).
 @kernel
-def _dot4(rows, code, c, xq, dx, xs, t, isa, sums):
-    if code == _Q4_1:
-        _q4_14(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q8_0:
-        _q8_04(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q4_0:
-        _q4_04(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q5_0:
-        _q5_04(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q5_1:
-        _q5_14(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q4_K:
-        _q4_k4(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q6_K:
-        _q6_k4(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q3_K:
-        _q3_k4(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _MXFP4:
-        _mxfp44(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _IQ4_NL:
-        _iq4_nl4(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _IQ4_XS:
-        _iq4_xs4(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q2_K:
-        _q2_k4(rows, c, xq, dx, xs, t, isa, sums)
-    else:
-        _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
-
-
-@kernel
-def _dot8(rows, code, c, xq, dx, xs, t, isa, sums):
-    if code == _Q4_1:
-        _q4_18(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q8_0:
-        _q8_08(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q4_0:
-        _q4_08(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q5_0:
-        _q5_08(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q5_1:
-        _q5_18(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q4_K:
-        _q4_k8(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q6_K:
-        _q6_k8(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q3_K:
-        _q3_k8(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _MXFP4:
-        _mxfp48(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _IQ4_NL:
-        _iq4_nl8(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _IQ4_XS:
-        _iq4_xs8(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q2_K:
-        _q2_k8(rows, c, xq, dx, xs, t, isa, sums)
-    else:
-        _q5_k8(rows, c, xq, dx, xs, t, isa, sums)
-
-
-@kernel
-def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
+def _plain_dot1(rows, code, c, xq, dx, xs, t, isa, sums):
     if code == _Q4_1:
         _q4_1(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q8_0:
@@ -380,16 +329,20 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
         _q5_0(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q5_1:
         _q5_1(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _Q4_K:
+    elif code == _MXFP4:
+        _mxfp4(rows, c, xq, dx, xs, t, isa, sums)
+    else:
+        _iq4_nl(rows, c, xq, dx, xs, t, isa, sums)
+
+
+@kernel
+def _k_dot1(rows, code, c, xq, dx, xs, t, isa, sums):
+    if code == _Q4_K:
         _q4_k(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q6_K:
         _q6_k(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q3_K:
         _q3_k(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _MXFP4:
-        _mxfp4(rows, c, xq, dx, xs, t, isa, sums)
-    elif code == _IQ4_NL:
-        _iq4_nl(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _IQ4_XS:
         _iq4_xs(rows, c, xq, dx, xs, t, isa, sums)
     elif code == _Q2_K:
@@ -398,8 +351,95 @@ def _dot1(rows, code, c, xq, dx, xs, t, isa, sums):
         _q5_k(rows, c, xq, dx, xs, t, isa, sums)
 
 
+@kernel
+def _plain_dot4(rows, code, c, xq, dx, xs, t, isa, sums):
+    if code == _Q4_1:
+        _q4_14(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q8_0:
+        _q8_04(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q4_0:
+        _q4_04(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_0:
+        _q5_04(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_1:
+        _q5_14(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _MXFP4:
+        _mxfp44(rows, c, xq, dx, xs, t, isa, sums)
+    else:
+        _iq4_nl4(rows, c, xq, dx, xs, t, isa, sums)
+
+
+@kernel
+def _k_dot4(rows, code, c, xq, dx, xs, t, isa, sums):
+    if code == _Q4_K:
+        _q4_k4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q6_K:
+        _q6_k4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q3_K:
+        _q3_k4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _IQ4_XS:
+        _iq4_xs4(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q2_K:
+        _q2_k4(rows, c, xq, dx, xs, t, isa, sums)
+    else:
+        _q5_k4(rows, c, xq, dx, xs, t, isa, sums)
+
+
+@kernel
+def _plain_dot8(rows, code, c, xq, dx, xs, t, isa, sums):
+    if code == _Q4_1:
+        _q4_18(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q8_0:
+        _q8_08(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q4_0:
+        _q4_08(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_0:
+        _q5_08(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q5_1:
+        _q5_18(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _MXFP4:
+        _mxfp48(rows, c, xq, dx, xs, t, isa, sums)
+    else:
+        _iq4_nl8(rows, c, xq, dx, xs, t, isa, sums)
+
+
+@kernel
+def _k_dot8(rows, code, c, xq, dx, xs, t, isa, sums):
+    if code == _Q4_K:
+        _q4_k8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q6_K:
+        _q6_k8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q3_K:
+        _q3_k8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _IQ4_XS:
+        _iq4_xs8(rows, c, xq, dx, xs, t, isa, sums)
+    elif code == _Q2_K:
+        _q2_k8(rows, c, xq, dx, xs, t, isa, sums)
+    else:
+        _q5_k8(rows, c, xq, dx, xs, t, isa, sums)
+
+
+def _by_family(plain, k):
+    """f(rows, code, c, xq, dx, xs, t, isa, sums, family) for compiled code: `plain`'s dispatch or
+    `k`'s, chosen by family's type alone (FAMILY_ARG), so that only that family's kernels compile."""
+    def dispatch(rows, code, c, xq, dx, xs, t, isa, sums, family):
+        raise NotImplementedError("for compiled code")
+
+    @overload(dispatch)
+    def _chosen(rows, code, c, xq, dx, xs, t, isa, sums, family):
+        chosen = k if family == FAMILY_ARG_TYPES[True] else plain
+
+        def impl(rows, code, c, xq, dx, xs, t, isa, sums, family):
+            chosen(rows, code, c, xq, dx, xs, t, isa, sums)
+        return impl
+    return dispatch
+
+
+_dot1, _dot4, _dot8 = (_by_family(p, k) for p, k in ((_plain_dot1, _k_dot1), (_plain_dot4, _k_dot4), (_plain_dot8, _k_dot8)))
+
+
 @parallel_kernel
-def matvec8(raws, codes, firsts, x, xq, dx, xs, outs, isa, parts):
+def matvec8(raws, codes, firsts, x, xq, dx, xs, outs, isa, parts, family):
     """outs[i] (T, rows) = x (T, cols) · tiled rows of raws[i]ᵀ, for every matrix in one parallel
     region (q, k and v, or gate and up, share their input; all plain types, taking llama.cpp's
     Q8_0, or all K types, taking its Q8_K): x quantized into xq, dx, xs first (quantize; arrays of
@@ -413,12 +453,12 @@ def matvec8(raws, codes, firsts, x, xq, dx, xs, outs, isa, parts):
         while c < end:   # the range's tiles of each matrix it crosses
             i = _matrix_of(firsts, c)
             stop = min(end, firsts[i + 1])
-            _tiles(raws[i], codes[i], c - firsts[i], stop - firsts[i], xq, dx, xs, outs[i], isa)
+            _tiles(raws[i], codes[i], c - firsts[i], stop - firsts[i], xq, dx, xs, outs[i], isa, family)
             c = stop
 
 
 @parallel_kernel
-def matvec8_experts(raw, code, experts, x, xq, dx, xs, out, isa, parts):
+def matvec8_experts(raw, code, experts, x, xq, dx, xs, out, isa, parts, family):
     """out (P, n) = for each pair j, x[j] (x (P, cols)) times the n rows of expert experts[j] of the
     stacked tiled rows raw (n_expert · n, n whole tiles): a decode step's chosen experts in one
     parallel region, each streamed once, instead of a call and a region each. x quantized into xq,
@@ -434,7 +474,7 @@ def matvec8_experts(raw, code, experts, x, xq, dx, xs, out, isa, parts):
             stop = min(end, (j + 1) * per)
             e = experts[j]
             _tiles(raw[e * n:(e + 1) * n], code, c - j * per, stop - j * per,
-                   xq[j:j + 1], dx[j:j + 1], xs[j:j + 1], out[j:j + 1], isa)
+                   xq[j:j + 1], dx[j:j + 1], xs[j:j + 1], out[j:j + 1], isa, family)
             c = stop
 
 
@@ -447,9 +487,9 @@ def _matrix_of(firsts, chunk):
 
 
 @parallel_kernel
-def matvec8_one(raw, code, x, xq, dx, xs, out, isa, parts):
+def matvec8_one(raw, code, x, xq, dx, xs, out, isa, parts, family):
     """matvec8 for a single matrix, without the tuples (whose padding costs each call time to pass)."""
     quantize(x, code, xq, dx, xs)
     n = -(-raw.shape[0] // TILE)
     for part in prange(parts):
-        _tiles(raw, code, part * n // parts, (part + 1) * n // parts, xq, dx, xs, out, isa)
+        _tiles(raw, code, part * n // parts, (part + 1) * n // parts, xq, dx, xs, out, isa, family)
