@@ -64,6 +64,19 @@ def test_a_first_run_says_it_compiles_and_computes_what_later_runs_do(env):
     assert list((Path(env["LLOGOS_CACHE"]) / "numba").glob("*/compiled-*"))
 
 
+@pytest.mark.parametrize("fixture", ["tiny-qwen3moe-q8_0", "tiny-gpt-oss-mxfp4"])
+def test_no_step_of_a_mixture_of_experts_compiles_a_kernel_after_loading(fixture):
+    """A one-token step's experts go through their own kernel (cpu_quant_int8.matvec8_experts):
+    loading compiles it too, for the family of the experts' type."""
+    loaded = load(str(Path(__file__).parent / "fixtures" / f"{fixture}.gguf"), "cpu", "quantized", n_ctx=64)
+    ready = _compiled()
+    model = loaded.model
+    cache = model.new_cache(1, 64)
+    model.forward(cache, Batch.run(np.arange(3, 9), 0, 0, [5]))
+    model.forward_rows(cache, np.array([7], np.int32), np.array([0], np.int32), np.array([6], np.int32))   # one token
+    assert _compiled() == ready
+
+
 def _llvm_resident_kib(fields_counted=("Rss:",)) -> int:
     """This process's resident pages of LLVM's library (/proc/self/smaps), those of fields_counted."""
     total, ours = 0, False

@@ -134,12 +134,12 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
         products = f", {b.products} products" if b.products else ""
         note = f"cpu weights {weights} ({why}{products}); {note}"
     with err.status(f"loading {source.path.name}", spinner="dots"):
-        _warm_up(b, memory.product_types(f, cfg))   # first: the compiler's pages are handed back before the weights come
+        _warm_up(b, memory.product_types(f, cfg), cfg.n_expert > 0)   # first: the compiler's pages are handed back before the weights come
         model = Model(f, b)
     return Loaded(source, model, source.open_ms + (time.perf_counter() - t0) * 1e3, note)
 
 
-def _warm_up(backend, product_types: set) -> None:
+def _warm_up(backend, product_types: set, experts: bool) -> None:
     """The backend's kernels ready before the first prompt, so that its timings never include
     compiling them. That happens once a machine (the compiled code is cached), and takes long
     enough to say so."""
@@ -147,6 +147,6 @@ def _warm_up(backend, product_types: set) -> None:
                                                       "later runs load them from the cache)",))
     told.start()
     try:
-        backend.warm_up(product_types)
+        backend.warm_up(product_types, experts)
     finally:
         told.cancel()

@@ -17,15 +17,15 @@ import sys
 from llogos_cli.backends.cpu import cpu_jit
 
 
-def compile_in_child(weights: str, batched: bool, product_types: set) -> None:
-    """Have a child process compile what NumpyBackend(weights, batched).warm_up(types) compiles for
-    matrices of these types, unless one already has since the kernels' sources last changed. Does
+def compile_in_child(weights: str, batched: bool, product_types: set, experts: bool = False) -> None:
+    """Have a child process compile what NumpyBackend(weights, batched).warm_up(types, experts)
+    compiles for matrices of these types, unless one already has since the kernels' sources last changed. Does
     nothing where numba's cache is not llogos' folder; on any failure the caller compiles itself."""
     folder = cpu_jit.cache_folder()
     if folder is None:
         return
     spec = json.dumps({"weights": weights, "batched": batched, "types": sorted(int(t) for t in product_types),
-                       "isa": os.environ.get("LLOGOS_CPU_ISA", "")}, sort_keys=True)
+                       "experts": experts, "isa": os.environ.get("LLOGOS_CPU_ISA", "")}, sort_keys=True)
     done = folder / f"compiled-{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
     if done.exists():
         return
@@ -43,7 +43,7 @@ def _main(spec: str) -> None:
     from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
     s = json.loads(spec)
     backend = NumpyBackend(s["weights"], batched=s["batched"])
-    backend.warm_up(product_types={GGMLQuantizationType(t) for t in s["types"]}, here=True)
+    backend.warm_up({GGMLQuantizationType(t) for t in s["types"]}, s["experts"], here=True)
 
 
 if __name__ == "__main__":

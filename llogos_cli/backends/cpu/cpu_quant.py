@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
 from llogos_cli.backends import CPU_DOT_TYPES, ROUTES_KEPT
@@ -120,21 +121,23 @@ class QuantMatmul:
         self._isa_arg = ISA_ARG.get(self.isa)
         self.threads = available_cores()   # the threads products run on: the backend sets it each step
 
-    def warm_up(self, qtypes: set) -> None:
+    def warm_up(self, qtypes: set, experts: bool = False) -> None:
         """Call each kernel that products of matrices of these types take once, as products call
         them (weights read-only, as memory-mapped from the file), so that compiling or loading them
-        from numba's cache is done here, and only theirs."""
+        from numba's cache is done here, and only theirs; with experts, a decode step's experts' too."""
         plain = _read_only(np.zeros((1, 34), np.uint8))
         if self.isa in ISA_ARG:
-            # one matrix and several, each kernel of its own
-            if qtypes & cpu_quant_int8.PLAIN_TYPES:
-                rows = self.pack(plain, QType.Q8_0)
-                self.many(np.zeros((1, 32), np.float32), [(rows, QType.Q8_0)])
-                self.many(np.zeros((1, 32), np.float32), [(rows, QType.Q8_0), (rows, QType.Q8_0)])
-            if qtypes & cpu_quant_int8.K_TYPES:
-                rows = self.pack(_read_only(np.zeros((1, 144), np.uint8)), QType.Q4_K)
-                self.many(np.zeros((1, 256), np.float32), [(rows, QType.Q4_K)])
-                self.many(np.zeros((1, 256), np.float32), [(rows, QType.Q4_K), (rows, QType.Q4_K)])
+            # one matrix and several, each kernel of its own; each family's, plain and K
+            for family, qtype, row_bytes in ((cpu_quant_int8.PLAIN_TYPES, QType.Q8_0, 34), (cpu_quant_int8.K_TYPES, QType.Q4_K, 144)):
+                if not qtypes & family:
+                    continue
+                cols = row_bytes // GGML_QUANT_SIZES[qtype][1] * GGML_QUANT_SIZES[qtype][0]
+                rows = self.pack(_read_only(np.zeros((1, row_bytes), np.uint8)), qtype)
+                self.many(np.zeros((1, cols), np.float32), [(rows, qtype)])
+                self.many(np.zeros((1, cols), np.float32), [(rows, qtype), (rows, qtype)])
+                if experts:   # one expert of a tile's rows
+                    stacked = self.pack(_read_only(np.zeros((cpu_quant_int8.TILE, row_bytes), np.uint8)), qtype)
+                    self.experts(np.zeros((1, cols), np.float32), stacked, qtype, np.zeros(1, np.int64), cpu_quant_int8.TILE)
         elif qtypes & CPU_DOT_TYPES:
             self._matvec(np.zeros((1, 32), np.float32), plain, QType.Q8_0)
         if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.TYPES:   # types the integer products do not take

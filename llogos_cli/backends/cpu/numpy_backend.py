@@ -138,8 +138,9 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         from llogos_cli.backends.cpu.cpu_quant import ISA_NAMES
         return ISA_NAMES[self.quant_matmul.isa]
 
-    def warm_up(self, product_types: set, here: bool = False) -> None:
-        """Compile the kernels this backend will call on matrices of these block types (numba caches
+    def warm_up(self, product_types: set, experts: bool = False, here: bool = False) -> None:
+        """Compile the kernels this backend will call on matrices of these block types (and, with
+        experts, a mixture of experts' decode steps on them; numba caches
         them: on a machine's first run this takes seconds, later runs only load them), so no prompt's
         time includes it. Called before the weights are loaded, so that LLVM's pages are handed back
         before the weights take memory. Unless `here`, a child process compiles them first
@@ -148,11 +149,11 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         types = product_types - {GGMLQuantizationType.F32} if self.weights == "quantized" else set()
         if (self._rows is not None or self._jit) and not here:
             from llogos_cli.backends.cpu.cpu_compile import compile_in_child
-            compile_in_child(self.weights, self._rows is not None, types)
+            compile_in_child(self.weights, self._rows is not None, types, experts)
         if self._rows is not None:
             self._rows.warm_up()
         if self.weights == "quantized":
-            self.quant_matmul.warm_up(types)
+            self.quant_matmul.warm_up(types, experts)
         if self._jit:
             x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)
             self.rmsnorm(x[0], x[0, 0], 1e-6)

@@ -91,7 +91,7 @@ class CudaBackend:
         self._joined[tuple(map(id, ms))] = (joined, firsts)
         return ms
 
-    def warm_up(self, product_types: set) -> None:
+    def warm_up(self, product_types: set, experts: bool = False) -> None:
         """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
 
     def to_host(self, x) -> np.ndarray:
