@@ -54,7 +54,6 @@ CHUNK = TILE   # rows a thread takes at a time (a tile of the plain types')
 # scalar's type as ISA_ARG names the instruction set: a model of plain types never compiles the K
 # types' kernels, nor one of K types the plain ones' (each about half a first run's compile).
 FAMILY_ARG = {False: np.uint8(0), True: np.uint16(0)}
-FAMILY_ARG_TYPES = {k: typeof(v) for k, v in FAMILY_ARG.items()}
 _quantize_plain, _quantize_k = quantize8(BLOCK, BLOCK), quantize8(K_BLOCK, K_SUM)
 
 
@@ -72,16 +71,6 @@ def quantize_k_blocks(x, xq, dx, xs):
     dx (T, cols / 256) = max|x| / 127, and xs (T, cols / 16) int32, the sums of xq over each 16."""
     for t in range(x.shape[0]):
         _quantize_k(x, xq, dx, xs, t)
-
-
-@kernel
-def quantize(x, code, xq, dx, xs):
-    """x's activations into the first x.shape[0] rows of xq, dx, xs in the form a matrix of type
-    `code` takes: quantize_k_blocks for the K types, else quantize_blocks."""
-    if code == _Q2_K or code == _Q3_K or code == _Q4_K or code == _Q5_K or code == _Q6_K or code == _IQ4_XS:
-        quantize_k_blocks(x, xq, dx, xs)
-    else:
-        quantize_blocks(x, xq, dx, xs)
 
 
 def _tiles_of(raw: np.ndarray, size: int, out: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray]:
@@ -420,22 +409,25 @@ def _k_dot8(rows, code, c, xq, dx, xs, t, isa, sums):
 
 
 def _by_family(plain, k):
-    """f(rows, code, c, xq, dx, xs, t, isa, sums, family) for compiled code: `plain`'s dispatch or
-    `k`'s, chosen by family's type alone (FAMILY_ARG), so that only that family's kernels compile."""
-    def dispatch(rows, code, c, xq, dx, xs, t, isa, sums, family):
+    """f(*args, family) for compiled code: plain(*args) or k(*args), chosen by family's type alone
+    (FAMILY_ARG), so that only that family's kernels compile."""
+    def dispatch(*args):
         raise NotImplementedError("for compiled code")
 
     @overload(dispatch)
-    def _chosen(rows, code, c, xq, dx, xs, t, isa, sums, family):
-        chosen = k if family == FAMILY_ARG_TYPES[True] else plain
+    def _chosen(*args):
+        chosen = k if args[-1] == typeof(FAMILY_ARG[True]) else plain
 
-        def impl(rows, code, c, xq, dx, xs, t, isa, sums, family):
-            chosen(rows, code, c, xq, dx, xs, t, isa, sums)
+        def impl(*args):
+            chosen(*args[:-1])
         return impl
     return dispatch
 
 
 _dot1, _dot4, _dot8 = (_by_family(p, k) for p, k in ((_plain_dot1, _k_dot1), (_plain_dot4, _k_dot4), (_plain_dot8, _k_dot8)))
+# x's activations into the first x.shape[0] rows of xq, dx, xs in the form the family takes:
+# quantize(x, xq, dx, xs, family).
+quantize = _by_family(quantize_blocks, quantize_k_blocks)
 
 
 @parallel_kernel
@@ -446,7 +438,7 @@ def matvec8(raws, codes, firsts, x, xq, dx, xs, outs, isa, parts, family):
     at least T rows), then the tiles (CHUNK rows each) cut into `parts` ranges handed out to the
     threads, firsts[i] the first tile of raws[i], firsts[-1] their number. The tuples always hold
     MATRICES arrays (padding of no rows), so that one specialisation serves every call."""
-    quantize(x, codes[0], xq, dx, xs)
+    quantize(x, xq, dx, xs, family)
     n = firsts[-1]
     for part in prange(parts):
         c, end = part * n // parts, (part + 1) * n // parts
@@ -463,7 +455,7 @@ def matvec8_experts(raw, code, experts, x, xq, dx, xs, out, isa, parts, family):
     stacked tiled rows raw (n_expert · n, n whole tiles): a decode step's chosen experts in one
     parallel region, each streamed once, instead of a call and a region each. x quantized into xq,
     dx, xs first (arrays of at least P rows); the pairs' tiles cut into `parts` ranges."""
-    quantize(x, code, xq, dx, xs)
+    quantize(x, xq, dx, xs, family)
     n = out.shape[1]
     per = n // TILE
     total = experts.shape[0] * per
@@ -489,7 +481,7 @@ def _matrix_of(firsts, chunk):
 @parallel_kernel
 def matvec8_one(raw, code, x, xq, dx, xs, out, isa, parts, family):
     """matvec8 for a single matrix, without the tuples (whose padding costs each call time to pass)."""
-    quantize(x, code, xq, dx, xs)
+    quantize(x, xq, dx, xs, family)
     n = -(-raw.shape[0] // TILE)
     for part in prange(parts):
         _tiles(raw, code, part * n // parts, (part + 1) * n // parts, xq, dx, xs, out, isa, family)
