@@ -5,7 +5,7 @@
 
 template <bool gelu>
 __device__ __forceinline__ void glu(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ y,
-                                    i8* __restrict__ xq, float2* __restrict__ xs, int n) {
+                                    int n, i8* __restrict__ xq, float2* __restrict__ xs) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // whole warps where xq is given
     const float g = gate[i];
@@ -17,17 +17,17 @@ __device__ __forceinline__ void glu(const float* __restrict__ gate, const float*
 }
 
 extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* y, int n) {
-    glu<false>(gate, up, y, nullptr, nullptr, n);
+    glu<false>(gate, up, y, n, nullptr, nullptr);
 }
 
 extern "C" __global__ void geglu_f32(const float* gate, const float* up, float* y, int n) {
-    glu<true>(gate, up, y, nullptr, nullptr, n);
+    glu<true>(gate, up, y, n, nullptr, nullptr);
 }
 
-extern "C" __global__ void swiglu_q8(const float* gate, const float* up, float* y, i8* xq, float2* xs, int n) {
-    glu<false>(gate, up, y, xq, xs, n);
+extern "C" __global__ void swiglu_q8(const float* gate, const float* up, float* y, int n, i8* xq, float2* xs) {
+    glu<false>(gate, up, y, n, xq, xs);
 }
 
-extern "C" __global__ void geglu_q8(const float* gate, const float* up, float* y, i8* xq, float2* xs, int n) {
-    glu<true>(gate, up, y, xq, xs, n);
+extern "C" __global__ void geglu_q8(const float* gate, const float* up, float* y, int n, i8* xq, float2* xs) {
+    glu<true>(gate, up, y, n, xq, xs);
 }

@@ -143,10 +143,10 @@ class CudaBackend:
     def matmuls(self, x, ws: list[QuantMatrix]) -> list:
         """Products sharing x: a few tokens' activations are quantized once for all of them (by
         the RMSNorm or GLU that made x, where it did)."""
-        x8 = None
+        made = self._x8[1] if self._x8 is not None and self._x8[0] is x else None
+        x, x8 = self._c(x), None
         if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and int8_pays(ws):
-            x8 = self._x8[1] if self._x8 is not None and self._x8[0] is x else quantize_q8(self.kernels, self._c(x))
-        x = self._c(x)
+            x8 = made if made is not None else quantize_q8(self.kernels, x)
         joined = self._joined.get(tuple(map(id, ws))) if x.shape[0] == 1 else None
         if joined is not None:   # one row: each matrix's columns of the joined product are contiguous
             w, firsts = joined

@@ -16,11 +16,12 @@ def _row_threads(ncols: int) -> int:
     return 256 if ncols >= 1024 else 32
 
 
-def _pointwise(k, module: str, name: str, inputs: tuple, *scalars):
+def _pointwise(k, module: str, name: str, inputs: tuple, *after):
+    """A kernel of one thread an element: (inputs..., y, n, after...) -> y, shaped as inputs[0]."""
     for i, a in enumerate(inputs):
         check(a, np.float32, f"{name} input {i}")
     y = k.xp.empty_like(inputs[0])
-    k.function(module, name)((cdiv(y.size, _THREADS),), (_THREADS,), (*inputs, y, np.int32(y.size), *scalars))
+    k.function(module, name)((cdiv(y.size, _THREADS),), (_THREADS,), (*inputs, y, np.int32(y.size), *after))
     return y
 
 
@@ -58,13 +59,7 @@ def glu(k, gate, up, gelu: bool, x8=None):
     """act(gate) * up; with x8 (cuda_matmul.q8_buffers of its shape), also quantized into x8."""
     assert gate.shape == up.shape
     act = "geglu" if gelu else "swiglu"
-    if x8 is None:
-        return _pointwise(k, "glu", f"{act}_f32", (gate, up))
-    check(gate, np.float32, "gate")
-    check(up, np.float32, "up")
-    y = k.xp.empty_like(gate)
-    k.function("glu", f"{act}_q8")((cdiv(y.size, _THREADS),), (_THREADS,), (gate, up, y, *x8, np.int32(y.size)))
-    return y
+    return _pointwise(k, "glu", f"{act}_f32", (gate, up)) if x8 is None else _pointwise(k, "glu", f"{act}_q8", (gate, up), *x8)
 
 
 def rmsnorm(k, x, w, eps: float, x8=None):
