@@ -1,6 +1,7 @@
 """Sampling: llama.cpp's chain of penalties, truncation, temperature and seeded draws."""
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from llogos_cli.engine.sampling import (
     log_softmax,
     top_logprobs,
 )
+from llogos_cli.engine.samplers import penalize
 from llogos_cli.errors import LlogosError
 
 
@@ -71,8 +73,7 @@ def test_repeat_presence_and_frequency_penalties_follow_llama_cpp():
     for t in [0, 1, 1, 2]:   # the window of 3 sees 1, 1, 2: token 0 has left it
         sampler.accept(t)
     logits = np.array([4.0, 4.0, -1.0, 0.0], np.float32)
-    penalized = logits.copy()
-    sampler._penalize(penalized)
+    penalized = penalize(np.arange(4), logits, Counter([1, 1, 2]), 2.0, 0.25, 0.5)
     assert penalized.tolist() == [4.0, 4.0 / 2 - 2 * 0.25 - 0.5, -1.0 * 2 - 0.25 - 0.5, 0.0]
     assert sampler.sample(logits) == 0
 

@@ -176,8 +176,9 @@ class BatchEngine:
         if any(not 0 <= t < n_vocab for t in request.prompt):
             raise LlogosError(f"a prompt token id is out of range (the vocabulary has {n_vocab} tokens)")
         check_fits(len(request.prompt), self.n_ctx)
-        completion = Completion(self.tokenizer, request.prompt, Sampler(request.params, self.n_ctx), request.criteria,
-                                self.n_ctx, request.n_logprobs, request.special, request.grammar)
+        sampler = Sampler(request.params, self.n_ctx, self.tokenizer)
+        completion = Completion(self.tokenizer, request.prompt, sampler, request.criteria, self.n_ctx,
+                                request.n_logprobs, request.special, request.grammar)
         return Row(request, completion, list(request.prompt))
 
     def _release_forks(self, row: Row) -> None:
