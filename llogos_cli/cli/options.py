@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +24,37 @@ def _random_seed(ctx, param, seed: int | None) -> int | None:
     return None if seed == DRAW_SEED else seed
 
 
+def _sampler_names(ctx, param, value: str | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(name for name in value.split(";") if name)
+
+
+def _breakers(ctx, param, values: tuple[str, ...]) -> tuple[str, ...] | None:
+    """llama.cpp's rule: the first breaker given replaces the defaults, and "none" clears those before it."""
+    if not values:
+        return None
+    kept: list[str] = []
+    for value in values:
+        kept = [] if value == "none" else [*kept, value]
+    return tuple(kept)
+
+
+def _logit_biases(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, float], ...] | None:
+    """-l TOKEN_ID(+|-)BIAS, as llama.cpp reads it: 15043+1, 15043-1.5, 15043-inf (banned)."""
+    biases = []
+    for value in values:
+        match = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", value)
+        try:
+            biases.append((int(match[1]), float(match[2] + match[3])))
+        except (TypeError, ValueError):
+            raise click.BadParameter(f"'{value}' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 15043-inf)",
+                                     param_hint="-l/--logit-bias") from None
+    return tuple(biases) or None
+
+
 # Sampling flags, each with llama.cpp's name and meaning. Defaults live in SamplingParams so a
 # model's [models.X.sampling] table in models.toml can sit between them and the command line.
 _SAMPLING_OPTIONS = [
-    click.option("--temp", type=float, help="Temperature; 0 samples greedily. [default: 0.8]"),
+    click.option("--temp", "--temperature", "temp", type=float, help="Temperature; 0 samples greedily. [default: 0.8]"),
     click.option("--top-k", type=int, help="Keep the K most likely tokens; 0 keeps all. [default: 40]"),
     click.option("--top-p", type=float, help="Keep the smallest set with this total probability. [default: 0.95]"),
     click.option("--min-p", type=float, help="Drop tokens below this fraction of the best one's probability. [default: 0.05]"),
@@ -34,8 +62,36 @@ _SAMPLING_OPTIONS = [
     click.option("--repeat-last-n", type=int, help="How many recent tokens the penalties look at; -1 = context. [default: 64]"),
     click.option("--presence-penalty", type=float, help="Subtract this from seen tokens' logits. [default: 0]"),
     click.option("--frequency-penalty", type=float, help="Subtract this times each token's count. [default: 0]"),
-    click.option("--seed", type=int, callback=_random_seed,
+    click.option("-s", "--seed", type=int, callback=_random_seed,
                  help="Random seed; the same seed gives the same output; -1 draws one. [default: random]"),
+    click.option("--typical", "--typical-p", "typical_p", type=float,
+                 help="Locally typical sampling: keep the tokens nearest the expected surprise up to this "
+                      "total probability; 1 disables. [default: 1.0]"),
+    click.option("--top-nsigma", "--top-n-sigma", "top_n_sigma", type=float,
+                 help="Keep tokens within N standard deviations of the best logit; -1 disables. [default: -1]"),
+    click.option("--xtc-probability", type=float,
+                 help="XTC: how often to drop the likeliest tokens but one; 0 disables. [default: 0]"),
+    click.option("--xtc-threshold", type=float,
+                 help="XTC: the probability a token needs to be dropped; above 0.5 disables. [default: 0.1]"),
+    click.option("--mirostat", type=int, help="Mirostat sampling instead of the sampler chain "
+                 "(1: Mirostat, 2: Mirostat 2.0; top-k, top-p, typical and penalties are then unused); 0 disables. [default: 0]"),
+    click.option("--mirostat-lr", "mirostat_eta", type=float, help="Mirostat's learning rate, eta. [default: 0.1]"),
+    click.option("--mirostat-ent", "mirostat_tau", type=float, help="Mirostat's target entropy, tau. [default: 5.0]"),
+    click.option("--dry-multiplier", type=float, help="DRY: penalise tokens that extend a repeat; 0 disables. [default: 0]"),
+    click.option("--dry-base", type=float, help="DRY: the penalty grows by this factor per repeated token. [default: 1.75]"),
+    click.option("--dry-allowed-length", type=int, help="DRY: repeats this long go unpenalised. [default: 2]"),
+    click.option("--dry-penalty-last-n", type=int, help="DRY: how many recent tokens it looks at; -1 = context, "
+                 "0 disables. [default: -1]"),
+    click.option("--dry-sequence-breaker", "dry_sequence_breakers", multiple=True, callback=_breakers, metavar="TEXT",
+                 help="DRY: a repeat never reaches back past this text. Repeatable; replaces the defaults "
+                      "('\\n', ':', '\"', '*'); 'none' for none."),
+    click.option("--min-keep", type=int, help="Top-p, min-p, typical and XTC keep at least N tokens. [default: 0]"),
+    click.option("--samplers", callback=_sampler_names, metavar="NAMES", help="The samplers in order, separated by "
+                 "';'. [default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature]"),
+    click.option("--sampling-seq", "--sampler-seq", "sampling_seq", metavar="LETTERS",
+                 help="The samplers' order in letters (e d s k y p m x t). [default: edskypmxt]"),
+    click.option("-l", "--logit-bias", "logit_bias", multiple=True, callback=_logit_biases, metavar="TOKEN_ID(+|-)BIAS",
+                 help="Add BIAS to a token's logit, e.g. 15043+1 or 15043-1; 15043-inf bans it. Repeatable."),
 ]
 
 CPU_WEIGHTS = ("auto", "quantized", "f32")

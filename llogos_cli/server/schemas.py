@@ -125,6 +125,22 @@ class RequestFields(_Strict):
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repeat_penalty: Annotated[float, Field(gt=0.0)] | None = None
     seed: Annotated[int, Field(ge=DRAW_SEED, lt=2 ** 64)] | None = None   # DRAW_SEED: a random one
+    # llama-server's samplers beyond OpenAI's
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
+    typical_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    mirostat: Annotated[int, Field(ge=0, le=2)] | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dry_multiplier: Annotated[float, Field(ge=0.0)] | None = None
+    dry_base: Annotated[float, Field(ge=1.0)] | None = None
+    dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
+    dry_penalty_last_n: Annotated[int, Field(ge=-1)] | None = None
+    dry_sequence_breakers: Annotated[list[str], Field(min_length=1)] | None = None
+    xtc_probability: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    xtc_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_n_sigma: float | None = None
+    min_keep: Annotated[int, Field(ge=0)] | None = None
+    samplers: str | list[str] | None = None   # names, or --sampling-seq letters
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     ignore_eos: bool = False
     json_schema: dict[str, Any] | bool | None = None   # llama-server's: constrain the output to this schema
