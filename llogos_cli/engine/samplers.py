@@ -49,7 +49,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def by_logit(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _by_logit(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(-logits, kind="stable")
     return ids[order], logits[order]
 
@@ -109,7 +109,7 @@ def top_p(ids, logits, p: float, min_keep: int):
     """The smallest most-likely prefix whose probability reaches p."""
     if p >= 1.0:
         return ids, logits
-    ids, logits = by_logit(ids, logits)
+    ids, logits = _by_logit(ids, logits)
     reached = np.flatnonzero(np.cumsum(softmax(logits)) >= p)
     cut = int(reached[0]) + 1 if reached.size else len(ids)
     cut = _at_least(cut, min_keep, len(ids))
@@ -120,7 +120,7 @@ def min_p(ids, logits, p: float, min_keep: int):
     """Tokens at least p times as likely as the best one."""
     if p <= 0.0:
         return ids, logits
-    ids, logits = by_logit(ids, logits)
+    ids, logits = _by_logit(ids, logits)
     cut = int(np.count_nonzero(logits >= logits[0] + np.float32(math.log(p))))
     cut = _at_least(cut, min_keep, len(ids))
     return ids[:cut], logits[:cut]
@@ -131,7 +131,7 @@ def typical(ids, logits, p: float, min_keep: int):
     in that order, until their probability passes p (strictly, unlike top-p)."""
     if p >= 1.0:
         return ids, logits
-    ids, logits = by_logit(ids, logits)
+    ids, logits = _by_logit(ids, logits)
     probs = softmax(logits)
     with np.errstate(divide="ignore"):
         surprise = -np.log(probs)
@@ -155,7 +155,7 @@ def top_n_sigma(ids, logits, n: float):
 def xtc(ids, logits, threshold: float, min_keep: int):
     """Exclude Top Choices: of the tokens at least `threshold` likely, all but the least likely go.
     The caller has drawn whether XTC acts at this step (xtc_applies)."""
-    ids, logits = by_logit(ids, logits)
+    ids, logits = _by_logit(ids, logits)
     above = int(np.count_nonzero(softmax(logits) >= threshold))
     drop = above - 1   # keep the least likely of them, so that some likely token survives
     if drop <= 0 or len(ids) - drop < min_keep:
@@ -176,27 +176,33 @@ def temperature(ids, logits, temp: float):
     return ids, logits / np.float32(temp)
 
 
-def mirostat_k(probs: np.ndarray, mu: float, n_vocab: int) -> int:
+def mirostat_k(probs: np.ndarray, mu: float, n_vocab: int) -> float:
     """Mirostat (v1)'s top-k for surprise mu: Zipf's exponent s estimated from the most likely
-    tokens' probabilities (sorted, descending), then k = (e 2^mu / (1 - N^-e))^(1/s), e = s - 1."""
+    tokens' probabilities (`probs`: at least those, sorted, descending), then
+    k = (e 2^mu / (1 - N^-e))^(1/s), e = s - 1. Not finite when the estimate fails (one token)."""
     m = min(MIROSTAT_M - 1, len(probs) - 1)
     if m <= 0:
-        return 1
+        return math.nan
     i = np.arange(m, dtype=np.float64)
     t = np.log((i + 2) / (i + 1))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         b = np.log(probs[:m] / probs[1:m + 1])
         s = float(np.sum(t * b) / np.sum(t * t))
         e = s - 1.0
-        k = (e * 2.0 ** mu / (1.0 - float(n_vocab) ** -e)) ** (1.0 / s)
-    if not math.isfinite(k):
-        return len(probs)
-    return min(max(int(k), 1), len(probs))
+        return (e * 2.0 ** mu / (1.0 - float(n_vocab) ** -e)) ** (1.0 / s)
 
 
-def mirostat_v2_keep(probs: np.ndarray, mu: float) -> int:
-    """Mirostat 2.0: the most likely tokens (probs sorted, descending) up to the first whose
-    surprise, -log2 p, exceeds mu; at least one."""
-    with np.errstate(divide="ignore"):
-        over = np.flatnonzero(-np.log2(probs) > mu)
-    return max(int(over[0]) if over.size else len(probs), 1)
+def mirostat(ids, logits, version: int, mu: float, n_vocab: int):
+    """The tokens Mirostat's mu allows: v1, the top k its estimate gives; v2, those whose surprise,
+    -log2 p, is at most mu (at least the best one)."""
+    probs = softmax(logits)
+    if version == 2:
+        with np.errstate(divide="ignore"):
+            keep = np.flatnonzero(-np.log2(probs) <= mu)
+        if not keep.size:
+            keep = np.array([np.argmax(probs)])
+        return ids[keep], logits[keep]
+    top = np.argpartition(-probs, min(MIROSTAT_M, len(probs)) - 1)[:MIROSTAT_M]
+    k = mirostat_k(np.sort(probs[top])[::-1], mu, n_vocab)
+    k = min(max(int(k), 1), len(ids)) if math.isfinite(k) else len(ids)
+    return top_k(ids, logits, k)

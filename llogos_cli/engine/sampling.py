@@ -231,7 +231,8 @@ class Sampler:
             return np.array([np.argmax(logits)]), np.ones(1)
         n_vocab, logits = len(logits), logits[ids]
         if p.mirostat:
-            return self._mirostat(*samplers.temperature(ids, logits, p.temp), n_vocab)
+            ids, logits = samplers.mirostat(*samplers.temperature(ids, logits, p.temp), p.mirostat, self.mu, n_vocab)
+            return ids, samplers.softmax(logits)
         for name in self.greedy_steps if self.greedy else self.chain:
             ids, logits = self._step(name, ids, logits)
         if self.greedy:
@@ -259,16 +260,6 @@ class Sampler:
                 "min_p": lambda: samplers.min_p(ids, logits, p.min_p, p.min_keep),
                 "temperature": lambda: samplers.temperature(ids, logits, p.temp)}[name]
         return step()
-
-    def _mirostat(self, ids: np.ndarray, logits: np.ndarray, n_vocab: int):
-        """The tokens Mirostat's mu allows: a top-k estimated from the distribution (v1), or those
-        no more surprising than mu (v2)."""
-        ids, logits = samplers.by_logit(ids, logits)
-        probs = samplers.softmax(logits)
-        keep = (samplers.mirostat_k(probs, self.mu, n_vocab) if self.params.mirostat == 1
-                else samplers.mirostat_v2_keep(probs, self.mu))
-        return ids[:keep], probs[:keep] / probs[:keep].sum()
-
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
