@@ -164,3 +164,13 @@ def test_cli_bad_input_is_one_line(env, args, message):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr
     assert r.stdout == ""
+
+
+def test_info_tells_an_encoder_from_a_decoder(env):
+    facts = {name: json.loads(llogos(env, "info", "-m", str(HERE / f"{name}-f32.gguf"), "--json").stdout)
+             for name in FAMILIES}
+    bert, qwen3 = facts["tiny-bert-embed"], facts["tiny-qwen3-embed"]
+    assert bert["embeddings"] == {"pooling": "mean", "causal": False, "lm_head": False}
+    assert bert["rope"] is None and bert["feed_forward"]["activation"] == "GELU"
+    assert qwen3["embeddings"] == {"pooling": "last", "causal": True, "lm_head": True}
+    assert qwen3["rope"]["neox"] and qwen3["feed_forward"]["activation"] == "SwiGLU"
