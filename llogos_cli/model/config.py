@@ -132,10 +132,10 @@ class ModelConfig:
     output: str                       # LM head tensor (token_embd when tied)
     ssm: SSMConfig | None             # recurrent layers are Gated DeltaNet (qwen35)
     conv_kernel: int                  # recurrent layers are short convolutions of this width (lfm2); else 0
-    encoder: bool                     # BERT's layout (see Family.encoder): no LM head, output and output_norm ""
-    causal: bool                      # each token attends only those before it
-    n_token_types: int                # rows of token_types (encoders)
-    pooling: str                      # the file's pooling_type (POOLING_TYPES), else the family's usual one
+    encoder: bool = False             # BERT's layout (see Family.encoder): no LM head, output and output_norm ""
+    causal: bool = True               # each token attends only those before it
+    n_token_types: int = 0            # rows of token_types (encoders)
+    pooling: str = "last"             # the file's pooling_type (POOLING_TYPES), else the family's usual one
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
