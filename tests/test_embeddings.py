@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
-from llogos_cli.engine.embedding import Embedder, EmbedOptions, normalize
+from llogos_cli.engine.embedding import Embedder, EmbedOptions, normalize, prompt_ids
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
-from llogos_cli.model.loader import load
+from llogos_cli.model.loader import load, open_tokenizer
 from tests.conftest import copy_gguf
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
 
@@ -93,6 +93,17 @@ def test_bad_inputs_are_one_line_errors(family):
         embedder.embed([[loaded.model.cfg.n_vocab]], EmbedOptions("mean"))
     with pytest.raises(LlogosError, match="pooling 'rank' is not supported"):
         EmbedOptions("rank")
+
+
+def test_eos_ends_a_text_where_the_vocabulary_adds_it(tmp_path):
+    """As Qwen3-Embedding's GGUF asks (add_eos_token), for the last token's state to be EOS's."""
+    path = copy_gguf(HERE / "tiny-qwen3-embed-f32.gguf", tmp_path / "eos.gguf", meta={"tokenizer.ggml.add_eos_token": True})
+    tokenizer = open_tokenizer(str(path))
+    plain = open_tokenizer(str(HERE / "tiny-qwen3-embed-f32.gguf"))
+    assert prompt_ids(tokenizer, TEXTS[0]) == prompt_ids(plain, TEXTS[0]) + [tokenizer.eos_id]
+    assert tokenizer.encode(TEXTS[0]) == plain.encode(TEXTS[0])   # generation's prompts stay as they were
+    bert = open_tokenizer(str(HERE / "tiny-bert-embed-f32.gguf"))   # its GGUF says add_eos: [SEP] is that
+    assert prompt_ids(bert, TEXTS[0]) == oracle("tiny-bert-embed")[1][0]
 
 
 def test_normalize_as_llama_cpp():

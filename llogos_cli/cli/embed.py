@@ -9,7 +9,7 @@ import click
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import drop_newline, model_options
 from llogos_cli.cli.text_input import read_file, read_stdin
-from llogos_cli.engine.embedding import DEFAULT_NORMALIZE, POOLINGS, Embedder, EmbedOptions
+from llogos_cli.engine.embedding import DEFAULT_NORMALIZE, POOLINGS, Embedder, EmbedOptions, prompt_ids
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import LoadOptions
 
@@ -31,7 +31,7 @@ def embed(model: LoadOptions, prompts, file, pooling, embd_normalize, as_json):
     mf = model.open(generates=False)
     options = EmbedOptions(pooling or mf.cfg.pooling, embd_normalize)
     n_ctx = model.n_ctx(mf)
-    ids = [mf.tokenizer.encode(text) for text in texts]
+    ids = [prompt_ids(mf.tokenizer, text) for text in texts]
     loaded = model.load(mf, n_ctx)
     vectors = Embedder(loaded.model, n_ctx).embed(ids, options)
     row = 0

@@ -34,6 +34,15 @@ class EmbedOptions:
             raise LlogosError(f"--embd-normalize {self.normalize} is not -1, 0, 1, 2 or a larger p-norm")
 
 
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """A text's tokens as llama.cpp embeds them: with its special tokens, EOS last where the
+    vocabulary adds one (generation leaves that EOS out: it would end the prompt)."""
+    ids = tokenizer.encode(text)
+    if tokenizer.add_eos and tokenizer.eos_id is not None and ids[-1:] != [tokenizer.eos_id]:
+        ids.append(tokenizer.eos_id)
+    return ids
+
+
 def normalize(x: np.ndarray, kind: int) -> np.ndarray:
     """The rows of x (..., n_embd) scaled as llama.cpp's common_embd_normalize scales one embedding
     (a row of zeros stays zeros)."""

@@ -14,7 +14,7 @@ import numpy as np
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from llogos_cli.engine.embedding import DEFAULT_NORMALIZE, Embedder, EmbedOptions
+from llogos_cli.engine.embedding import DEFAULT_NORMALIZE, Embedder, EmbedOptions, prompt_ids
 from llogos_cli.errors import LlogosError
 from llogos_cli.server.engine_thread import CallFailed, ShuttingDown
 from llogos_cli.server.errors import ApiError
@@ -85,7 +85,7 @@ def _token_lists(tokenizer, inputs) -> list[list[int]]:
         inputs = [inputs]
     if inputs and isinstance(inputs[0], int):
         inputs = [inputs]
-    return [tokenizer.encode(x) if isinstance(x, str) else list(x) for x in inputs]
+    return [prompt_ids(tokenizer, x) if isinstance(x, str) else list(x) for x in inputs]
 
 
 def _model(loaded):
