@@ -5,7 +5,7 @@ import inspect
 
 import pytest
 
-from llogos_cli.backends.backend import Backend, GraphCapture
+from llogos_cli.backends.backend import Backend, EncoderOps, GraphCapture
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 
@@ -18,7 +18,7 @@ def _members(protocol) -> dict:
 
 @pytest.mark.parametrize("backend", [NumpyBackend, CudaBackend], ids=lambda b: b.__name__)
 def test_backends_offer_the_interface(backend):
-    protocols = [Backend] + ([GraphCapture] if backend.graphs else [])
+    protocols = [Backend] + ([GraphCapture] if backend.graphs else []) + ([EncoderOps] if backend.encoders else [])
     for protocol in protocols:
         for name, member in _members(protocol).items():
             assert hasattr(backend, name), f"{backend.__name__} lacks {name}"

@@ -13,8 +13,9 @@ Every backend implements the same methods on its own array type (NumPy on CPU, C
   attention   kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) · kv_store(cache, k, v, layout)
               paged_kv_cache(tables, n_blocks, block_size, n_kv, dk, dv, type_k, type_v)
               block_tables(n_rows, max_blocks) · write_block_table(tables, row, blocks)
-              attention(q, cache, layout, scale, window, softcap=0, sinks=None)
+              attention(q, cache, layout, scale, window, softcap=0, sinks=None, causal=True)
   ffn         glu(gate, up, gelu)
+  encoders    layernorm(x, w, b, eps) · gelu(x): NumPy only (`encoders` True)
   experts     route(logits, k) · matmul_experts(x, w, experts, n_expert, weights=None)
   recurrence  zeros(shape) · ssm_conv(x, conv_state, w, layout) · delta_net(q, k, v, g, beta, state, layout)
   sampling    mask_logits(logits, bits) · argmax_rows(logits)
@@ -38,7 +39,9 @@ forward pass; what it returns is handed to every layer's kv_store, attention, ss
                                  q (T, H, dk): token t attends the keys of its own slot at positions
                                  [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: from 0), the
                                  batch's own keys included; scores s = scale q·k become
-                                 softcap * tanh(s / softcap) unless softcap is 0. -> (T, H, dv)
+                                 softcap * tanh(s / softcap) unless softcap is 0. Not causal
+                                 (encoders), each token attends its run's keys up to the run's last
+                                 position. -> (T, H, dv)
   matmuls(x, ws)                 [x · wᵀ for w in ws]: the products that share an input (q, k
                                  and v; gate and up), which a backend may run as one
   matrices(raws, qtype)          matrices of one type loaded together, whose products will be

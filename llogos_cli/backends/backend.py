@@ -22,6 +22,7 @@ class Backend(Protocol):
     name: str                    # "cpu" or "cuda"
     graphs: bool                 # decode steps can be captured (capture) and replayed
     default_cache_type: str      # the KV cache's element type unless asked otherwise: "f32" or "f16"
+    encoders: bool               # attention that is not causal, and EncoderOps (encoder families)
 
     # ------------------------------------------------------------------ weights and memory
     @property
@@ -63,7 +64,7 @@ class Backend(Protocol):
     def write_block_table(self, tables: Array, row: int, blocks: list[int]) -> None: ...
     def kv_store(self, cache: KVCache, k: Array, v: Array, layout: Layout) -> None: ...
     def attention(self, q: Array, cache: KVCache, layout: Layout, scale: float, window: int,
-                  softcap: float = 0.0, sinks: Array | None = None) -> Array: ...   # (T, H, dv)
+                  softcap: float = 0.0, sinks: Array | None = None, causal: bool = True) -> Array: ...   # (T, H, dv)
 
     # ------------------------------------------------------------------ recurrent layers
     def ssm_conv(self, x: Array, conv_state: Array, w: Array, layout: Layout) -> Array: ...
@@ -79,6 +80,13 @@ class Backend(Protocol):
     def mask_logits(self, logits: Array, bits: np.ndarray) -> Array: ...
     def argmax_rows(self, logits: Array) -> np.ndarray: ...
 
+
+
+class EncoderOps(Protocol):
+    """What a backend whose `encoders` is True offers besides: the ops of encoder families (BERT)."""
+
+    def layernorm(self, x: Array, w: Array, b: Array, eps: float) -> Array: ...   # (x - mean) / std * w + b
+    def gelu(self, x: Array) -> Array: ...                                        # tanh approximation
 
 
 class GraphCapture(Protocol):

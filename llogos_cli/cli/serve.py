@@ -67,7 +67,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
 
     if api_key is not None and not api_key.strip():
         raise LlogosError("--api-key is empty")
-    mf = model.open()
+    mf = model.open(generates=False)   # an encoder serves embeddings alone
     tok = mf.tokenizer
     params = sampling.params(mf.sampling_defaults)
     chat = template.format_or_none(mf)

@@ -79,8 +79,10 @@ def _facts(mf: ModelFile) -> dict:
              "embedding": cfg.n_embd, "layers": cfg.n_layer,
              "attention": {"heads": cfg.n_head, "heads_kv": cfg.n_head_kv, "head_dim_k": cfg.head_dim_k,
                            "head_dim_v": cfg.head_dim_v},
-             "feed_forward": {"size": cfg.n_ff, "activation": "GeGLU" if cfg.gelu_ffn else "SwiGLU"},
-             "rope": {"neox": cfg.rope_neox, "dims": cfg.rope_dims, "bases": sorted(set(cfg.rope_base))}}
+             "feed_forward": {"size": cfg.n_ff, "activation": "GELU" if cfg.encoder else "GeGLU" if cfg.gelu_ffn else "SwiGLU"},
+             "rope": {"neox": cfg.rope_neox, "dims": cfg.rope_dims, "bases": sorted(set(cfg.rope_base))}
+             if any(cfg.rope_layers) else None,
+             "embeddings": {"pooling": cfg.pooling, "causal": cfg.causal, "lm_head": bool(cfg.output)}}
     if any(cfg.window):
         facts["sliding_window"] = {"tokens": max(cfg.window), "layers": "".join("S" if w else "G" for w in cfg.window)}
     if cfg.ssm:
@@ -111,7 +113,10 @@ def _info_rows(x: dict) -> list[tuple[str, str]]:
                                 f"{att['head_dim_k']} (k) / {att['head_dim_v']} (v)"),
             ("feed-forward", f"{ffn['size']} ({ffn['activation']})"),
             ("rope", f"{'half-split (neox)' if rope['neox'] else 'adjacent pairs'}, {rope['dims']} dims, "
-                     f"base {', '.join(f'{b:g}' for b in rope['bases'])}")]
+                     f"base {', '.join(f'{b:g}' for b in rope['bases'])}" if rope else "none (absolute positions)"),
+            ("embeddings", f"pooling {x['embeddings']['pooling']}"
+                           + ("" if x["embeddings"]["causal"] else ", attention not causal")
+                           + ("" if x["embeddings"]["lm_head"] else ", no LM head (embeddings only)"))]
     if "sliding_window" in x:
         window = x["sliding_window"]
         rows.append(("sliding window", f"{window['tokens']} tokens; layers {window['layers']} (S sliding, G global)"))

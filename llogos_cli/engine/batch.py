@@ -131,6 +131,7 @@ class BatchEngine:
                  cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = PREFILL_BATCH,
                  prefix_cache_bytes: int = CACHE_RAM_MIB << 20, keep_slots: bool = False):
         self.tokenizer, self.n_ctx = tokenizer, n_ctx
+        self.generates = bool(model.cfg.output)   # an encoder's engine only refuses, with a reason
         recurrent = any(model.cfg.recurrent)
         cache_prefixes = bool(prefix_cache_bytes) and not recurrent
         n_blocks = _kv_pool_blocks(model, cache_types, n_slots, n_ctx, prefix_cache_bytes if cache_prefixes else 0)
@@ -154,6 +155,8 @@ class BatchEngine:
     def add_choices(self, requests: list[Request]) -> None:
         """Queue requests of one prompt (a response's n choices), all or none. With a prefix cache the
         first prefills the prompt and the others wait for it, then start from the blocks it left."""
+        if not self.generates:
+            raise LlogosError("this model has no LM head: it makes embeddings (/v1/embeddings), not text")
         rows = [self._row(request) for request in requests]
         now = time.perf_counter()
         for row in rows:

@@ -12,6 +12,9 @@ _OPTIONAL = (".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias", "
              ".attn_sinks.weight", ".ffn_gate_inp.bias", "_exps.bias", "rope_freqs.weight",
              "rope_factors_long.weight", "rope_factors_short.weight")
 _MAX_COUNT = 1 << 31                                 # sizes and counts are int32 on every backend
+# How a sequence's hidden states become one embedding, by the number <arch>.pooling_type holds
+# (llama.cpp's llama_pooling_type); "rank" is a reranker's classification head.
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -73,6 +76,14 @@ def _sliding(f: GGUFFile, arch: str, il: int, n_layer: int, period: int) -> bool
     return pattern == 0 or il % pattern < pattern - 1
 
 
+def _token_types(f: GGUFFile) -> int:
+    """Rows of an encoder's token_types (BERT's sentence A and B), which the tokenizer's metadata counts."""
+    value = f.meta.get("tokenizer.ggml.token_type_count", 2)
+    if type(value) is not int or not 1 <= value < _MAX_COUNT:
+        raise LlogosError(f"{f.path}: metadata tokenizer.ggml.token_type_count is {_show(value)}, not a count from 1")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     arch: str
@@ -121,6 +132,10 @@ class ModelConfig:
     output: str                       # LM head tensor (token_embd when tied)
     ssm: SSMConfig | None             # recurrent layers are Gated DeltaNet (qwen35)
     conv_kernel: int                  # recurrent layers are short convolutions of this width (lfm2); else 0
+    encoder: bool = False             # BERT's layout (see Family.encoder): no LM head, output and output_norm ""
+    causal: bool = True               # each token attends only those before it
+    n_token_types: int = 0            # rows of token_types (encoders)
+    pooling: str = "last"             # the file's pooling_type (POOLING_TYPES), else the family's usual one
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -213,6 +228,10 @@ class ModelConfig:
         n_ff_exp = count("expert_feed_forward_length") if n_expert else 0
         first_attention = next((il for il in range(n_layer) if not recurrent[il]), 0)
         period = fam.no_rope_period
+        pooling = count("pooling_type", POOLING_TYPES.index("mean" if fam.encoder else "last"), least=0)
+        if pooling >= len(POOLING_TYPES):
+            raise LlogosError(f"{f.path}: metadata {arch}.pooling_type is {pooling}, not one of 0-{len(POOLING_TYPES) - 1}")
+        causal = key("attention.causal", not fam.encoder)
 
         cfg = cls(
             arch=arch, n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
@@ -221,10 +240,10 @@ class ModelConfig:
             n_ff=count("feed_forward_length", n_ff_exp or None), n_ctx_train=n_ctx_train,
             n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, expert_norm=fam.expert_norm,
             n_ff_shexp=count("expert_shared_feed_forward_length", n_ff_exp) if fam.shared_expert and n_expert else 0,
-            norm_eps=real("attention.layer_norm_rms_epsilon"),
+            norm_eps=real("attention.layer_norm_epsilon" if fam.encoder else "attention.layer_norm_rms_epsilon"),
             rope_dims=count("rope.dimension_count", head_dim_k, least=0), rope_neox=fam.rope_neox,
             rope_base=tuple(rope_base), rope_freq_scale=tuple(freq_scale),
-            rope_layers=tuple(not period or (il + 1) % period != 0 for il in range(n_layer)),
+            rope_layers=tuple(not fam.encoder and (not period or (il + 1) % period != 0) for il in range(n_layer)),
             rope_attn_factor=real("rope.scaling.attn_factor", 1.0), rope_yarn=scaling == "yarn",
             n_ctx_orig=count("rope.scaling.original_context_length", n_ctx_train),
             window=tuple(window), recurrent=tuple(recurrent),
@@ -237,9 +256,10 @@ class ModelConfig:
             fused_qkv=f"blk.{first_attention}.attn_qkv.weight" in f.tensors and not recurrent[first_attention],
             fused_ffn="blk.0.ffn_gate.weight" not in f.tensors and "blk.0.ffn_up.weight" in f.tensors,
             attn_gate=fam.attn_gate, ffn_norm=fam.ffn_norm,
-            output_norm=fam.output_norm,
-            output="output.weight" if "output.weight" in f.tensors else "token_embd.weight",
-            ssm=ssm, conv_kernel=conv_kernel,
+            output_norm="" if fam.encoder else fam.output_norm,
+            output="" if fam.encoder else "output.weight" if "output.weight" in f.tensors else "token_embd.weight",
+            ssm=ssm, conv_kernel=conv_kernel, encoder=fam.encoder, causal=bool(causal),
+            n_token_types=_token_types(f) if fam.encoder else 0, pooling=POOLING_TYPES[pooling],
         )
         cfg._validate(f)
         return cfg
@@ -269,6 +289,8 @@ class ModelConfig:
         _OPTIONAL may be absent."""
         d, dk, dv, n_kv = self.n_embd, self.head_dim_k, self.head_dim_v, self.n_head_kv
         q_rows = self.n_head * dk * (2 if self.attn_gate else 1)  # gated heads carry their gate
+        if self.encoder:
+            return self._encoder_shapes()
         shapes = {"token_embd.weight": (self.n_vocab, d), self.output_norm: (d,),
                   self.output: (self.n_vocab, d), "rope_freqs.weight": (self.rope_dims // 2,),
                   "rope_factors_long.weight": (self.rope_dims // 2,),
@@ -318,4 +340,19 @@ class ModelConfig:
                 elif self.qk_norm == "all":
                     layer |= {"attn_q_norm.weight": (self.n_head * dk,), "attn_k_norm.weight": (n_kv * dk,)}
             shapes |= {p + name: shape for name, shape in layer.items()}
+        return shapes
+
+    def _encoder_shapes(self) -> dict[str, tuple[int, ...]]:
+        """BERT's tensors, every one with its bias."""
+        d, dk, dv, n_kv = self.n_embd, self.head_dim_k, self.head_dim_v, self.n_head_kv
+        shapes = {"token_embd.weight": (self.n_vocab, d), "position_embd.weight": (self.n_ctx_train, d),
+                  "token_types.weight": (self.n_token_types, d), "token_embd_norm.weight": (d,),
+                  "token_embd_norm.bias": (d,)}
+        for il in range(self.n_layer):
+            layer = {"attn_q": (self.n_head * dk, d), "attn_k": (n_kv * dk, d), "attn_v": (n_kv * dv, d),
+                     "attn_output": (d, self.n_head * dv), "ffn_up": (self.n_ff, d), "ffn_down": (d, self.n_ff)}
+            for name, shape in layer.items():
+                shapes |= {f"blk.{il}.{name}.weight": shape, f"blk.{il}.{name}.bias": shape[:1]}
+            for norm in ("attn_output_norm", "layer_output_norm"):
+                shapes |= {f"blk.{il}.{norm}.weight": (d,), f"blk.{il}.{norm}.bias": (d,)}
         return shapes

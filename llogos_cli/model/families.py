@@ -36,6 +36,10 @@ class Family:
     # layer no KV heads) or "deltanet" (Qwen3.5's Gated DeltaNet: the file's recurrent_layers, else
     # all but every full_attention_interval-th); "": attention everywhere.
     recurrent: str = ""
+    # BERT's encoder: absolute position and token-type embeddings (position_embd, token_types),
+    # LayerNorm with bias after each residual add, attention over the whole sequence (not causal),
+    # a GELU feed-forward without a gate, and no LM head: it makes embeddings only.
+    encoder: bool = False
 
 
 FAMILIES = {
@@ -60,5 +64,6 @@ FAMILIES = {
     # Attention sinks where the file has attn_sinks; biases on every projection and expert.
     "gpt-oss": Family(rope_neox=True, ffn_norm="post_attention_norm", swa_period=2, swa_rope_scaled=True,
                       swiglu_limit=7.0, swiglu_alpha=1.702),
+    "bert": Family(encoder=True),
 }
 SUPPORTED_ARCHS = tuple(FAMILIES)

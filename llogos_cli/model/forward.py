@@ -29,6 +29,9 @@ class Model:
     def __init__(self, f: GGUFFile, backend: Backend):
         self.cfg = ModelConfig.from_gguf(f)
         self.backend = backend
+        if self.cfg.encoder and not backend.encoders:
+            raise LlogosError(f"{f.path.name}: the {backend.name} backend cannot run encoder models "
+                              f"({self.cfg.arch}) yet; use --backend cpu")
         for name, info in f.tensors.items():
             quants.check_supported(info.ggml_type, name)
 
@@ -98,9 +101,31 @@ class Model:
     def forward(self, cache: Cache, batch: Batch):
         """Run a batch of tokens, each at its own (slot, position) of the cache; return the logits of
         the tokens batch.logits lists (the LM head is the costly part), (len(batch.logits), n_vocab)."""
+        c, b = self.cfg, self.backend
+        if not c.output:
+            raise LlogosError(f"a {c.arch} model has no LM head: it makes embeddings (llogos embed), not text")
+        x = self.hidden(cache, batch)                                   # (T', n_embd)
+        logits = b.matmul(x, self.w[c.output])                          # (T', n_vocab)
+        if c.logit_scale != 1.0:
+            logits = b.scale(logits, c.logit_scale)                     # (T', n_vocab)
+        return b.softcap(logits, c.final_softcap) if c.final_softcap else logits  # (T', n_vocab)
+
+    def hidden(self, cache: Cache, batch: Batch):
+        """The final hidden states (normed where the family norms them before its LM head) of the
+        tokens batch.logits lists, (len(batch.logits), n_embd): what embeddings are pooled from."""
         c, b, w = self.cfg, self.backend, self.w
         layout = b.batch_layout(batch.slots, batch.pos)
+        if c.encoder:
+            x = self._encode(batch, cache, layout)                      # (T, n_embd)
+        else:
+            x = self._decode(batch, cache, layout)                      # (T, n_embd)
+        if len(batch.logits) < len(batch.tokens):   # a gather inside a captured decode graph would not replay
+            x = x[batch.logits]                                         # (T', n_embd)
+        return b.rmsnorm(x, w[c.output_norm], c.norm_eps) if c.output_norm else x  # (T', n_embd)
 
+    def _decode(self, batch: Batch, cache: Cache, layout):
+        """A decoder's layers over the batch: -> (T, n_embd), before the final norm."""
+        c, b, w = self.cfg, self.backend, self.w
         factors = self._rope_factors(cache.n_ctx)                       # (rope_dims / 2,) or None
         x = b.embed(w["token_embd.weight"], batch.tokens)               # (T, n_embd)
         if c.embed_scale != 1.0:
@@ -114,14 +139,25 @@ class Model:
             h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
             h = self._ffn(p, h)                                         # (T, n_embd)
             x = self._residual(p + "post_ffw_norm.weight", x, h)        # (T, n_embd)
+        return x
 
-        if len(batch.logits) < len(batch.tokens):   # a gather inside a captured decode graph would not replay
-            x = x[batch.logits]                                         # (T', n_embd)
-        x = b.rmsnorm(x, w[c.output_norm], c.norm_eps)                  # (T', n_embd)
-        logits = b.matmul(x, w[c.output])                               # (T', n_vocab)
-        if c.logit_scale != 1.0:
-            logits = b.scale(logits, c.logit_scale)                     # (T', n_vocab)
-        return b.softcap(logits, c.final_softcap) if c.final_softcap else logits  # (T', n_vocab)
+    def _encode(self, batch: Batch, cache: Cache, layout):
+        """BERT's layers over the batch (every token of type 0, as llama.cpp gives them): -> (T, n_embd)."""
+        c, b, w = self.cfg, self.backend, self.w
+        x = b.add(b.embed(w["token_embd.weight"], batch.tokens),
+                  b.embed(w["position_embd.weight"], batch.pos))        # (T, n_embd)
+        x = b.add(x, b.embed(w["token_types.weight"], np.zeros(1, np.int32)))   # (T, n_embd)
+        x = self._layernorm("token_embd_norm", x)                       # (T, n_embd)
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            h = self._attention(il, p, x, batch.pos, cache.kv[il], layout, None)  # (T, n_embd)
+            x = self._layernorm(p + "attn_output_norm", b.add(x, h))   # (T, n_embd)
+            h = self._linear(p + "ffn_down", b.gelu(self._linear(p + "ffn_up", x)))  # (T, n_embd)
+            x = self._layernorm(p + "layer_output_norm", b.add(x, h))  # (T, n_embd)
+        return x
+
+    def _layernorm(self, name: str, x):
+        return self.backend.layernorm(x, self.w[name + ".weight"], self.w[name + ".bias"], self.cfg.norm_eps)
 
     def _residual(self, post_norm: str, x, h):
         """x + h, h first normed (post_norms) and scaled (residual_scale) as the family does."""
@@ -197,7 +233,7 @@ class Model:
             k = b.rope(k, pos, *rope)                     # (T, n_head_kv, dk)
         b.kv_store(kv, k, v, layout)
         o = b.attention(q, kv, layout, c.attn_scale, c.window[il], c.attn_softcap,
-                        w.get(p + "attn_sinks.weight"))   # (T, n_head, dv)
+                        w.get(p + "attn_sinks.weight"), c.causal)   # (T, n_head, dv)
         if c.attn_gate:
             o = b.mul(o, b.sigmoid(gate))                 # (T, n_head, dv)
         return self._linear(p + "attn_output", o.reshape(T, c.n_head * c.head_dim_v))  # (T, n_embd)

@@ -81,8 +81,13 @@ class LoadOptions:
     def cache_types(self) -> tuple[str | None, str | None]:
         return self.cache_type_k, self.cache_type_v
 
-    def open(self) -> ModelFile:
-        return open_model(self.model_name)
+    def open(self, generates: bool = True) -> ModelFile:
+        """The model's file; one that cannot generate text (an encoder) is refused if it must."""
+        mf = open_model(self.model_name)
+        if generates and not mf.cfg.output:
+            raise LlogosError(f"{mf.path.name} is a {mf.cfg.arch} model without an LM head: it makes embeddings "
+                              "(llogos embed, llogos serve's /v1/embeddings), not text")
+        return mf
 
     def n_ctx(self, mf: ModelFile) -> int:
         return mf.n_ctx(self.ctx_size, self.allow_long_ctx)

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.errors import LlogosError
-from llogos_cli.server import schemas
+from llogos_cli.server import embeddings, schemas
 from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
@@ -122,6 +122,16 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY) -> FastAPI:
         prepared = await run_in_threadpool(prepare_completion, body, loaded.tokenizer, loaded.defaults,
                                            loaded.n_ctx)
         return await _answer(shared, loaded, prepared, body, CompletionRenderer, request)
+
+    @app.post("/v1/embeddings", dependencies=[Depends(authorized)])
+    async def v1_embeddings(request: Request) -> embeddings.EmbeddingList:
+        body = _parse(embeddings.EmbeddingRequest, await request.body())
+        return await embeddings.v1_embeddings(shared.ready(), shared.model_id, body)
+
+    @app.post("/embedding", dependencies=[Depends(authorized)])
+    async def llama_embedding(request: Request):
+        body = _parse(embeddings.LlamaEmbeddingRequest, await request.body())
+        return await embeddings.llama_embedding(shared.ready(), body)
 
     return app
 

@@ -1,5 +1,6 @@
 """The engine's own thread: it takes requests from the event loop, steps the running batch, and
-hands every request's tokens back to the loop as they come.
+hands every request's tokens back to the loop as they come. Other work on the model (embeddings)
+is handed to it as calls, run between steps.
 
 The event loop never touches the engine. It submits and cancels through a locked inbox that the
 thread drains between steps (so a cancelled request's slot is free by the next step), and it gets
@@ -10,6 +11,7 @@ per step, so waking the loop costs the same for one stream as for a full batch.
 import asyncio
 import threading
 import traceback
+from collections.abc import Callable
 
 from llogos_cli.console import err
 from llogos_cli.engine.batch import BatchEngine, Request
@@ -27,6 +29,10 @@ class ShuttingDown(LlogosError):
     """The event in place of a request's result when the server stopped before it finished."""
 
 
+class CallFailed(LlogosError):
+    """A call's result when it failed for want of memory or by a bug, not by its input."""
+
+
 class EngineThread:
     def __init__(self, engine: BatchEngine, loop: asyncio.AbstractEventLoop, n_slots: int, queue_size: int,
                  metrics: Metrics):
@@ -37,6 +43,7 @@ class EngineThread:
         self._wake = threading.Event()
         self._adds: list[tuple[tuple[Request, ...], asyncio.Queue]] = []
         self._cancels: list[str] = []
+        self._calls: list[tuple[Callable, asyncio.Future]] = []
         self._stopping = self._closing = False
         self._in_flight = 0
         self._events: dict[str, asyncio.Queue] = {}   # the thread's own: requests the engine holds
@@ -57,6 +64,15 @@ class EngineThread:
             self._adds.append((requests, events))
         self._wake.set()
         return events
+
+    def call(self, fn: Callable) -> asyncio.Future:
+        """Run fn() on this thread before the next step (event loop side): the future gets its value,
+        or the LlogosError it raised (ShuttingDown once the server is stopping)."""
+        future = self._loop.create_future()
+        with self._lock:
+            self._calls.append((fn, future))
+        self._wake.set()
+        return future
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -86,8 +102,12 @@ class EngineThread:
                     return
                 adds, self._adds = self._adds, []
                 cancels, self._cancels = self._cancels, []
+                calls, self._calls = self._calls, []
                 closing = self._closing
             out = self._end_all(adds) if closing else self._admit(adds)
+            settled = [(future, _run_call(fn, closing)) for fn, future in calls]
+            if settled:
+                self._loop.call_soon_threadsafe(_settle, settled)
             for rid in cancels:
                 if self._events.pop(rid, None) is not None:
                     self.engine.cancel(rid)
@@ -159,6 +179,30 @@ class EngineThread:
                 self._release()
             out.append((events, u))
         return out, generated, prompt, cached
+
+
+def _run_call(fn: Callable, closing: bool):
+    """fn()'s value, or the LlogosError in its place."""
+    if closing:
+        return ShuttingDown("the server is shutting down")
+    try:
+        return fn()
+    except LlogosError as e:
+        return e
+    except Exception as e:   # a bug or out of memory: this call fails, the engine serves on
+        err.print("[red]engine call failed:[/red]")
+        err.print(traceback.format_exc(), markup=False, highlight=False)
+        return CallFailed(f"the engine failed: {type(e).__name__}: {e}")
+
+
+def _settle(settled: list) -> None:
+    for future, value in settled:
+        if future.done():   # its request was cancelled (the client left)
+            continue
+        if isinstance(value, LlogosError):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
 
 
 def _deliver(out: list) -> None:

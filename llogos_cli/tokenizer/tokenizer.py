@@ -88,6 +88,9 @@ class Tokenizer:
         pre = None if self._spm else vocab.pre_tokenizer(meta)  # fails early if unknown
         # llama.cpp adds BOS for Gemma 4 whatever its GGUF says, and BERT's [CLS] ... [SEP] always.
         self.add_bos = model in ("gemma4", "bert") or bool(meta.get(_META + "add_bos_token", self._spm or pre.add_bos))
+        # EOS after a text that asks for it (embedding models: Qwen3-Embedding pools its last token, EOS),
+        # which llama.cpp's add_special appends; BERT's closing [SEP] is encode's own.
+        self.add_eos = model != "bert" and bool(meta.get(_META + "add_eos_token", False))
         self.add_space_prefix = model == "llama" and bool(meta.get(_META + "add_space_prefix", True))
         default_bos, default_eos = {"llama": (1, 2), "gpt2": (11, 11), "bert": (101, None)}.get(model, (None, None))
         no_bos = meta.get(_META + "pre") in ("glm4", "chatglm-bpe")

@@ -42,6 +42,15 @@ class Layout:
             self.memo[key] = cache.where(self.slots, self.pos)
         return self.memo[key]
 
+    def ends(self) -> np.ndarray:
+        """The position of the last token of each token's run: how far it sees without a causal mask."""
+        if "ends" not in self.memo:
+            ends = self.pos.copy()
+            for _, t0, t1 in self.runs:
+                ends[t0:t1] = self.pos[t1 - 1]
+            self.memo["ends"] = ends
+        return self.memo["ends"]
+
     def blocks(self, cache: "KVCache") -> np.ndarray:
         """Every token's row of block tables (an unpaged slot is one block): (T, blocks)."""
         key = ("blocks", id(cache.tables))
@@ -158,23 +167,26 @@ class AttentionOps:
         cache.v[first, :, at] = _cache_round(v, cache.type_v)   # (T, n_kv, dv)
 
     def attention(self, q: np.ndarray, cache: KVCache, layout: Layout, scale: float, window: int,
-                  softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
-        """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv).
-        With softcap, scores s (scaled) become softcap * tanh(s / softcap) before the softmax; sinks
-        (H,) are a logit per head that joins each softmax's denominator (gpt-oss)."""
+                  softcap: float = 0.0, sinks: np.ndarray | None = None, causal: bool = True) -> np.ndarray:
+        """Each query of q (T, H, dk) over its own slot's keys up to its position (not causal: up to
+        its run's last one); -> (T, H, dv). With softcap, scores s (scaled) become
+        softcap * tanh(s / softcap) before the softmax; sinks (H,) are a logit per head that joins
+        each softmax's denominator (gpt-oss)."""
         out = np.empty((q.shape[0], q.shape[1], cache.v.shape[3]), np.float32)
         if self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
             # Every token a row, a prompt's too: its keys are stored before it attends them, so each
             # of its tokens attends its slot's keys up to its own position as a decode row does.
             self.compiled_attention(np.ascontiguousarray(q, np.float32), cache.k, cache.v, layout.blocks(cache),
-                                    layout.pos, scale, window, softcap, _NO_SINKS if sinks is None else sinks, out)
+                                    layout.pos if causal else layout.ends(), scale, window, softcap,
+                                    _NO_SINKS if sinks is None else sinks, out)
             return out
         if len(layout.rows):
             out[layout.rows] = _rows(q[layout.rows], cache, layout.slots[layout.rows], layout.pos[layout.rows],
                                      scale, window, softcap, sinks)
         for slot, t0, t1 in layout.runs:
             keys, values = cache.gather(np.array([slot]), int(layout.pos[t1 - 1]) + 1)
-            out[t0:t1] = _run(q[t0:t1], keys[0], values[0], int(layout.pos[t0]), scale, window, softcap, sinks)
+            out[t0:t1] = _run(q[t0:t1], keys[0], values[0], int(layout.pos[t0]), scale, window, softcap, sinks,
+                              causal)
         return out
 
 
@@ -221,9 +233,10 @@ def _rows(q: np.ndarray, cache: KVCache, slots: np.ndarray, pos: np.ndarray, sca
 
 
 def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, scale: float, window: int,
-         softcap: float, sinks: np.ndarray | None = None):
-    """Causal attention of q (T, H, dk) at positions pos0.. over one slot's float32 keys and values
-    (n_kv, >= pos0 + T, d); -> (T, H, dv)."""
+         softcap: float, sinks: np.ndarray | None = None, causal: bool = True):
+    """Attention of q (T, H, dk) at positions pos0.. over one slot's float32 keys and values
+    (n_kv, >= pos0 + T, d), each query up to its own position, or (not causal) up to the run's
+    last; -> (T, H, dv)."""
     T, H, dk = q.shape
     n_kv = k_cache.shape[0]
     group = H // n_kv
@@ -237,7 +250,7 @@ def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, sca
         _softcap(scores, softcap)
         qpos = np.arange(pos0 + t0, pos0 + t1)[:, None]
         kpos = np.arange(n)[None, :]
-        masked = kpos > qpos
+        masked = kpos > (qpos if causal else n - 1)
         if window:
             masked |= qpos - kpos >= window
         scores = scores.reshape(n_kv, group, t1 - t0, n)

@@ -64,6 +64,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
     name = "cpu"
     graphs = False               # no capture: the runner runs each decode step eagerly
     default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to
+    encoders = True              # layernorm, gelu and attention that is not causal
 
     def __init__(self, weights: str = "f32", batched: bool = False, threads: CpuThreads | None = None):
         """batched: several sequences will decode together, so float32 products of a few rows take
@@ -260,6 +261,11 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
         return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * w
 
+    def layernorm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+        centred = x - x.mean(axis=-1, keepdims=True)
+        var = np.einsum("...i,...i->...", centred, centred)[..., None] / np.float32(x.shape[-1])
+        return centred * (np.float32(1.0) / np.sqrt(var + np.float32(eps))) * w + b
+
     def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
         ss = np.einsum("...i,...i->...", x, x)[..., None]
         return x * (np.float32(1.0) / np.sqrt(np.maximum(ss, np.float32(eps * eps))))
@@ -298,6 +304,10 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             self._rope_cos_sin = (np.ascontiguousarray(self._rope_turn.real[:, 0]),
                                   np.ascontiguousarray(self._rope_turn.imag[:, 0]))
         return self._rope_turn
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        """GELU in llama.cpp's tanh approximation (BERT's feed-forward), the GeGLU's without the up."""
+        return self.glu(x, np.ones_like(x), True)
 
     def glu(self, gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
         if self._jit and gate.ndim == 2:

@@ -54,6 +54,7 @@ class CudaBackend:
     graphs = True                # capture(fn): the runner replays decode steps from CUDA graphs
     load_threads = 1             # uploads stay on the thread that owns the CUDA context and stream
     default_cache_type = "f16"   # half the memory traffic of f32, as llama.cpp's default
+    encoders = False             # no LayerNorm, GELU or attention that is not causal here yet
 
     def __init__(self, kernels=None, products: str | None = None):
         """products: "int8" (a few tokens' products with INT8_TYPES multiply 8-bit activations) or
@@ -245,8 +246,10 @@ class CudaBackend:
         cuda_attention.kv_store(self.kernels, cache, self._c(k), self._c(v), layout)
 
     def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0,
-                  sinks=None):
+                  sinks=None, causal: bool = True):
         """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv)."""
+        if not causal:
+            raise LlogosError("the cuda backend has no attention that is not causal yet; use --backend cpu")
         return cuda_attention.attention(self.kernels, self._c(q), cache, layout, scale, window, softcap, sinks)
 
     # ---------------------------------------------------------------- recurrence (Gated DeltaNet, LFM2)
