@@ -267,7 +267,8 @@ def test_perplexity_command(env):
     result = json.loads(r.stdout)
     assert result["n_ctx"] == 32 and result["n_chunks"] == 2 and result["scored_tokens"] == 2 * (32 - 1 - 16)
     assert result["ppl"] > 1 and result["ppl_stderr"] > 0
-    assert r.stderr.startswith("[1]") and f"[2]{result['ppl']:.4f}" in r.stderr
+    progress = "".join(line for line in r.stderr.splitlines(True) if not line.startswith("compiling CPU kernels"))
+    assert progress.startswith("[1]") and f"[2]{result['ppl']:.4f}" in progress   # (the session's first run may compile)
     r = llogos(env, "perplexity", "-m", model, "-f", text, "-c", "4096", "--chunks", "1", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["n_ctx"] == 256 and "-c 4096 capped at the 256 tokens" in r.stderr

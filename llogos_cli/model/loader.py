@@ -4,7 +4,6 @@ Opening (the file's header, the config and the tokenizer) is cheap and comes fir
 input is reported before the weights are read; loading the weights is the slow part.
 """
 
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ from llogos_cli.model.registry import ModelEntry, resolve_model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
 
 DEFAULT_MAX_CTX = 4096
-COMPILE_NOTICE_S = 1.0   # loading compiled kernels from numba's cache takes less than this; compiling them, seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +53,9 @@ class ModelFile:
 class Loaded:
     source: ModelFile
     model: Model
-    load_ms: float   # opening included
+    load_ms: float   # opening included, compiling kernels not
     memory: str = ""   # how the weights are held and what the model needs, for --stats
+    compile_ms: float = 0.0   # compiling the backend's kernels (a machine's first run), for --stats
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -138,20 +137,28 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
     if held != "cuda":
         products = f", {b.products} products" if b.products else ""
         note = f"cpu weights {weights} ({why}{products}); {note}"
-    with err.status(f"loading {source.path.name}", spinner="dots"):
-        _warm_up(b, memory.product_types(f, cfg), cfg.n_expert > 0)   # first: the compiler's pages are handed back before the weights come
+    loading = f"loading {source.path.name}"
+    with err.status(loading, spinner="dots") as status:
+        # first: the compiler's pages are handed back before the weights come
+        compile_s = b.warm_up(memory.product_types(f, cfg), cfg.n_expert > 0, _CompileReport(status, loading))
         model = Model(f, b)
-    return Loaded(source, model, source.open_ms + (time.perf_counter() - t0) * 1e3, note)
+    return Loaded(source, model, source.open_ms + (time.perf_counter() - t0 - compile_s) * 1e3, note, compile_s * 1e3)
 
 
-def _warm_up(backend, product_types: set, experts: bool) -> None:
-    """The backend's kernels ready before the first prompt, so that its timings never include
-    compiling them. That happens once a machine (the compiled code is cached), and takes long
-    enough to say so."""
-    told = threading.Timer(COMPILE_NOTICE_S, notice, ("compiling CPU kernels (once on this machine; "
-                                                      "later runs load them from the cache)",))
-    told.start()
-    try:
-        backend.warm_up(product_types, experts)
-    finally:
-        told.cancel()
+class _CompileReport:
+    """What a backend's warm-up says while it compiles kernels (once a machine: the compiled code is
+    cached; loading it says nothing): a notice when it begins, then on a terminal the steps in the
+    status line, elsewhere a line for each step that compiles."""
+
+    def __init__(self, status, loading: str):
+        self.status, self.loading, self.told = status, loading, False
+
+    def __call__(self, p) -> None:
+        if not self.told:
+            self.told = True
+            notice("compiling CPU kernels (once on this machine; later runs load them from the cache)")
+        if err.is_terminal:
+            self.status.update(f"compiling CPU kernels: {p.done} of {p.total} steps done, now {', '.join(p.compiling)}"
+                               if p.compiling else self.loading)
+        elif p.started is not None:
+            notice(f"compiling CPU kernels: {p.started} (step {p.number} of {p.total})")

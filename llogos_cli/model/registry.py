@@ -17,7 +17,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from llogos_cli.console import err
+from llogos_cli.console import err, warn
 from llogos_cli.errors import LlogosError
 from llogos_cli.paths import PROJECT_ROOT, cache_dir
 
@@ -77,7 +77,14 @@ def _module_dir(module: str) -> Path | None:
 
 
 def is_installed(entry: ModelEntry) -> bool:
-    return all(_module_dir(m) is not None for m in [entry.module] + [p.module for p in entry.parts])
+    """The entry's package is installed, and its parts are, or their joined file is."""
+    if _module_dir(entry.module) is None:
+        return False
+    return _parts_installed(entry) or (bool(entry.parts) and _joined(entry) is not None)
+
+
+def _parts_installed(entry: ModelEntry) -> bool:
+    return all(_module_dir(p.module) is not None for p in entry.parts)
 
 
 def find_entry(name: str) -> ModelEntry | None:
@@ -124,17 +131,54 @@ def pull(entry: ModelEntry, force: bool = False) -> Path:
     if result.returncode != 0:
         raise LlogosError(f"pip could not install {' '.join(entry.packages)} (exit {result.returncode})")
     importlib.invalidate_caches()
-    return resolve_model(entry.name)[0]
+    return assemble(entry, rejoin=True) if entry.parts else resolve_model(entry.name)[0]
 
 
-def assemble(entry: ModelEntry) -> Path:
-    """Join the parts' data/*.partNN files, once, into the cache and check the declared SHA-256."""
-    target = cache_dir("models") / entry.file
-    stamp = target.with_name(target.name + ".verified")
+def assemble(entry: ModelEntry, rejoin: bool = False) -> Path:
+    """The GGUF of an entry shipped in parts: the parts' data/*.partNN files joined once, beside the
+    entry's own package (so that one copy serves every cache folder), the declared SHA-256
+    checked, and the part packages then uninstalled, so that the model is stored once. Where
+    that folder cannot be written, the file is joined into llogos' cache and the parts are kept.
+    A file joined before (or by an earlier llogos, into the cache) is used as it is, unless rejoin."""
+    joined = _joined(entry)
+    if joined is not None and not rejoin:
+        return joined
+    if not _parts_installed(entry):
+        raise LlogosError(f"the parts of {entry.file} are not installed; run: llogos pull {entry.name}")
+    try:
+        target = _join(entry, _module_dir(entry.module) / entry.file)
+    except OSError:   # e.g. a read-only site-packages
+        return _join(entry, _cached_copy(entry))
+    _cached_copy(entry).unlink(missing_ok=True)
+    _stamp(_cached_copy(entry)).unlink(missing_ok=True)
+    _uninstall_parts(entry)
+    return target
+
+
+def _joined(entry: ModelEntry) -> Path | None:
+    """The entry's joined file, where one was joined and checked: beside its package, or in the cache."""
+    package = _module_dir(entry.module)
+    for target in ([package / entry.file] if package is not None else []) + [_cached_copy(entry)]:
+        stamp = _stamp(target)
+        if target.exists() and stamp.exists() and stamp.read_text() == f"{target.stat().st_size}\n":
+            return target
+    return None
+
+
+def _cached_copy(entry: ModelEntry) -> Path:
+    return cache_dir("models") / entry.file
+
+
+def _stamp(target: Path) -> Path:
+    """Written once target is joined and checked: its size."""
+    return target.with_name(target.name + ".verified")
+
+
+def _join(entry: ModelEntry, target: Path) -> Path:
+    stamp = _stamp(target)
+    stamp.unlink(missing_ok=True)
     chunks = [c for p in entry.parts for c in sorted((_module_dir(p.module) / "data").glob("*.part*"))]
     total = sum(c.stat().st_size for c in chunks)
-    if target.exists() and stamp.exists() and stamp.read_text() == f"{total}\n":
-        return target
     expected = _declared_sha256(entry)
     digest = hashlib.sha256()
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
@@ -156,6 +200,18 @@ def assemble(entry: ModelEntry) -> Path:
         tmp.unlink(missing_ok=True)
     stamp.write_text(f"{total}\n")
     return target
+
+
+def _uninstall_parts(entry: ModelEntry) -> None:
+    """Remove the part packages, whose files the joined GGUF now holds; where pip cannot, they stay
+    (the model works either way), and one line says what they take."""
+    packages = [p.package for p in entry.parts]
+    cmd = [sys.executable, "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check", *packages]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    importlib.invalidate_caches()
+    if result.returncode != 0:
+        warn(f"pip could not uninstall {' '.join(packages)} (exit {result.returncode}); "
+             f"the joined {entry.file} holds what they do")
 
 
 def _declared_sha256(entry: ModelEntry) -> str | None:

@@ -121,28 +121,37 @@ class QuantMatmul:
         self._isa_arg = ISA_ARG.get(self.isa)
         self.threads = available_cores()   # the threads products run on: the backend sets it each step
 
-    def warm_up(self, qtypes: set, experts: bool = False) -> None:
-        """Call each kernel that products of matrices of these types take once, as products call
-        them (weights read-only, as memory-mapped from the file), so that compiling or loading them
-        from numba's cache is done here, and only theirs; with experts, a decode step's experts' too."""
+    def warm_up_parts(self, qtypes: set, experts: bool = False) -> tuple:
+        """Two calls that, between them, call each kernel that products of matrices of these types
+        take once, as products call them (weights read-only, as memory-mapped from the file), so
+        that compiling or loading them from numba's cache is done there, and only theirs; with
+        experts, a decode step's experts' too: the integer products' (cpu_quant_int8) and the other
+        block products' (cpu_quant_dot, cpu_quant_dequant, cpu_rows), None where there is nothing
+        to do. They share no kernel, so that separate processes may compile them at once (cpu_compile)."""
+        integer = self.isa in ISA_ARG and bool(qtypes & cpu_quant_int8.TYPES)
+        others = self.isa not in ISA_ARG or bool(qtypes - cpu_quant_int8.TYPES)
+        return ((lambda: self._warm_up_integer(qtypes, experts)) if integer else None,
+                (lambda: self._warm_up_blocks(qtypes)) if others else None)
+
+    def _warm_up_integer(self, qtypes: set, experts: bool) -> None:
+        # one matrix and several, each kernel of its own; each family's, plain and K
+        for family, qtype, row_bytes in ((cpu_quant_int8.PLAIN_TYPES, QType.Q8_0, 34), (cpu_quant_int8.K_TYPES, QType.Q4_K, 144)):
+            if not qtypes & family:
+                continue
+            cols = row_bytes // GGML_QUANT_SIZES[qtype][1] * GGML_QUANT_SIZES[qtype][0]
+            rows = self.pack(_read_only(np.zeros((1, row_bytes), np.uint8)), qtype)
+            self.many(np.zeros((1, cols), np.float32), [(rows, qtype)])
+            self.many(np.zeros((1, cols), np.float32), [(rows, qtype), (rows, qtype)])
+            if experts:   # one expert of a tile's rows
+                stacked = self.pack(_read_only(np.zeros((cpu_quant_int8.TILE, row_bytes), np.uint8)), qtype)
+                self.experts(np.zeros((1, cols), np.float32), stacked, qtype, np.zeros(1, np.int64), cpu_quant_int8.TILE)
+
+    def _warm_up_blocks(self, qtypes: set) -> None:
         plain = _read_only(np.zeros((1, 34), np.uint8))
-        if self.isa in ISA_ARG:
-            # one matrix and several, each kernel of its own; each family's, plain and K
-            for family, qtype, row_bytes in ((cpu_quant_int8.PLAIN_TYPES, QType.Q8_0, 34), (cpu_quant_int8.K_TYPES, QType.Q4_K, 144)):
-                if not qtypes & family:
-                    continue
-                cols = row_bytes // GGML_QUANT_SIZES[qtype][1] * GGML_QUANT_SIZES[qtype][0]
-                rows = self.pack(_read_only(np.zeros((1, row_bytes), np.uint8)), qtype)
-                self.many(np.zeros((1, cols), np.float32), [(rows, qtype)])
-                self.many(np.zeros((1, cols), np.float32), [(rows, qtype), (rows, qtype)])
-                if experts:   # one expert of a tile's rows
-                    stacked = self.pack(_read_only(np.zeros((cpu_quant_int8.TILE, row_bytes), np.uint8)), qtype)
-                    self.experts(np.zeros((1, cols), np.float32), stacked, qtype, np.zeros(1, np.int64), cpu_quant_int8.TILE)
-        elif qtypes & CPU_DOT_TYPES:
+        if self.isa not in ISA_ARG and qtypes & CPU_DOT_TYPES:
             self._matvec(np.zeros((1, 32), np.float32), plain, QType.Q8_0)
-        if self.isa not in ISA_ARG or qtypes - cpu_quant_int8.TYPES:   # types the integer products do not take
-            self._tiled(np.zeros((DOT_MAX_TOKENS + 1, 32), np.float32), plain, QType.Q8_0, 1, 32)
-            cpu_rows.warm_up()
+        self._tiled(np.zeros((DOT_MAX_TOKENS + 1, 32), np.float32), plain, QType.Q8_0, 1, 32)
+        cpu_rows.warm_up()
         if qtypes - block_types(self.isa):
             # no dot kernel (nor integer one): decode steps' products decode rows
             self._matvec_rows(np.zeros((1, 32), np.float32), plain, QType.Q8_0)

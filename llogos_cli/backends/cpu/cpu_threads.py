@@ -12,6 +12,8 @@ import os
 import sys
 import time
 
+from llogos_cli.console import warn
+
 RECOUNT_S = 2.0   # how often auto looks again at what other processes use
 FIRST_COUNT_S = 0.1   # the first step counts over loading the model, if it took this long
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -34,6 +36,10 @@ class CpuThreads:
             raise ValueError("thread counts are positive, or 0 for auto")
         self.threads, self.threads_batch = threads, threads_batch
         self._cores = available_cores()
+        for flag, n in (("-t", threads), ("-tb", threads_batch)):
+            if n > self._cores:   # llama.cpp takes it silently; here it ran 15x slower than -t 1 beside other work
+                warn(f"{flag} {n} is more threads than the {self._cores} cores this process may run on: "
+                     "the extra threads wait for a core, which makes every step slower, not faster")
         self._free = self._cores
         self._sample = _busy_sample()
         self._counted = False

@@ -139,33 +139,59 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
         from llogos_cli.backends.cpu.cpu_quant import ISA_NAMES
         return ISA_NAMES[self.quant_matmul.isa]
 
-    def warm_up(self, product_types: set, experts: bool = False, here: bool = False) -> None:
+    def warm_up(self, product_types: set, experts: bool = False, progress=None) -> float:
         """Compile the kernels this backend will call on matrices of these block types (and, with
-        experts, a mixture of experts' decode steps on them; numba caches
-        them: on a machine's first run this takes seconds, later runs only load them), so no prompt's
-        time includes it. Called before the weights are loaded, so that LLVM's pages are handed back
-        before the weights take memory. Unless `here`, a child process compiles them first
-        (cpu_compile), and this one loads them."""
+        experts, a mixture of experts' decode steps on them; numba caches them: on a machine's
+        first run this takes seconds, later runs only load them), so no prompt's time includes it.
+        Called before the weights are loaded, so that LLVM's pages are handed back before the
+        weights take memory. Child processes compile them first (cpu_compile), and this one loads
+        them; progress(CompileProgress) hears of each step that compiles. Returns the seconds
+        spent compiling."""
+        steps = self.warm_up_steps(product_types, experts)
+        if not steps:
+            return 0.0
+        from llogos_cli.backends.cpu import cpu_compile
+        spent = cpu_compile.compile_in_children(
+            {"weights": self.weights, "batched": self._rows is not None, "experts": experts,
+             "types": sorted(int(t) for t in product_types)}, [name for name, _ in steps], progress)
+        spent += cpu_compile.run_steps(steps, progress)
+        from llogos_cli.backends.cpu.cpu_jit import release_compiler_pages
+        release_compiler_pages()
+        return spent
+
+    def warm_up_steps(self, product_types: set, experts: bool = False) -> list:
+        """(name, call) for each part of warm_up, the heaviest first. No two parts call one kernel
+        (each its own modules'), so that processes may compile them at once: numba's cache index
+        of a kernel is not safe to write from two."""
         # float32 matrices are BLAS's, as is every product in f32 mode
         types = product_types - {GGMLQuantizationType.F32} if self.weights == "quantized" else set()
-        if (self._rows is not None or self._jit) and not here:
-            from llogos_cli.backends.cpu.cpu_compile import compile_in_child
-            compile_in_child(self.weights, self._rows is not None, types, experts)
-        if self._rows is not None:
-            self._rows.warm_up()
+        steps, blocks = [], []
         if self.weights == "quantized":
-            self.quant_matmul.warm_up(types, experts)
+            integer, others = self.quant_matmul.warm_up_parts(types, experts)
+            steps += [("integer products", integer)] if integer else []
+            blocks += [others] if others else []
+        if self._rows is not None:
+            blocks.append(self._rows.warm_up)
+        if self._jit:   # embed's rows come from cpu_quant_dequant, a block products' module
+            blocks.append(lambda: self.embed(Matrix(np.zeros((1, 34), np.uint8), GGMLQuantizationType.Q8_0, None, False),
+                                             np.zeros(1, np.int32)))
+        if blocks:
+            steps.append(("block products", lambda: [call() for call in blocks]))
         if self._jit:
-            x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)
-            self.rmsnorm(x[0], x[0, 0], 1e-6)
-            self.glu(x[0], x[0], False)
-            self.rope(x, one, 4, 10000.0, 1.0, False)
-            cache, layout = self.kv_cache(1, 1, 1, 4, 4, "f32", "f32"), self.batch_layout(one, one)
-            self.kv_store(cache, x, x, layout)
-            self.attention(x, cache, layout, 1.0, 0)
-            self.embed(Matrix(np.zeros((1, 34), np.uint8), GGMLQuantizationType.Q8_0, None, False), one)
-            from llogos_cli.backends.cpu.cpu_jit import release_compiler_pages
-            release_compiler_pages()
+            steps += [("attention", self._warm_up_attention), ("norm, GLU and RoPE", self._warm_up_small_steps)]
+        return steps
+
+    def _warm_up_attention(self) -> None:
+        x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)
+        cache, layout = self.kv_cache(1, 1, 1, 4, 4, "f32", "f32"), self.batch_layout(one, one)
+        self.kv_store(cache, x, x, layout)
+        self.attention(x, cache, layout, 1.0, 0)
+
+    def _warm_up_small_steps(self) -> None:
+        x = np.ones((1, 1, 4), np.float32)
+        self.rmsnorm(x[0], x[0, 0], 1e-6)
+        self.glu(x[0], x[0], False)
+        self.rope(x, np.zeros(1, np.int32), 4, 10000.0, 1.0, False)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x

@@ -92,8 +92,9 @@ class CudaBackend:
         self._joined[tuple(map(id, ms))] = (joined, firsts)
         return ms
 
-    def warm_up(self, product_types: set, experts: bool = False) -> None:
+    def warm_up(self, product_types: set, experts: bool = False, progress=None) -> float:
         """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
+        return 0.0
 
     def to_host(self, x) -> np.ndarray:
         return self.kernels.to_host(x)
