@@ -1,0 +1,24 @@
+"""Speculative decoding's options, with llama.cpp's names and defaults, for every command that generates."""
+
+import click
+
+from llogos_cli.cli.options import _grouped
+from llogos_cli.engine.speculation import SPEC_TYPES, SpecParams
+
+_DEFAULTS = SpecParams()
+
+_SPECULATION = [
+    click.option("--spec-type", type=click.Choice(SPEC_TYPES), default=_DEFAULTS.spec_type, show_default=True,
+                 help="Speculative decoding: ngram-simple drafts the tokens that followed the last n tokens' "
+                      "earlier occurrence (prompt or output) and checks them in one pass; the output is unchanged."),
+    click.option("--spec-ngram-simple-size-n", type=click.IntRange(min=1), default=_DEFAULTS.spec_ngram_simple_size_n,
+                 show_default=True, help="ngram-simple: how many of the last tokens are looked up."),
+    click.option("--spec-ngram-simple-size-m", type=click.IntRange(min=1), default=_DEFAULTS.spec_ngram_simple_size_m,
+                 show_default=True, help="ngram-simple: how many tokens after the match are drafted, at most."),
+    click.option("--draft-max", "--draft", "--draft-n", "draft_max", type=click.IntRange(min=0),
+                 default=_DEFAULTS.draft_max, show_default=True, help="Tokens drafted a step, at most."),
+    click.option("--draft-min", "--draft-n-min", "draft_min", type=click.IntRange(min=0),
+                 default=_DEFAULTS.draft_min, show_default=True, help="A shorter draft is not tried."),
+]
+
+speculation_options = _grouped(_SPECULATION, SpecParams, "speculation")
