@@ -8,7 +8,7 @@ import click
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import drop_newline, model_options, reasoning_option, sampling_options, template_options
 from llogos_cli.cli.repl import Repl, ReplyOutput, stream
-from llogos_cli.cli.spec_options import speculation_options
+from llogos_cli.cli.spec_options import load_draft_model, speculation_options
 from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.console import err, notice, warn
 from llogos_cli.engine.batch import BatchEngine
@@ -75,7 +75,8 @@ def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParam
     n_ctx = model.n_ctx(mf)
     m = model.load(mf, n_ctx)
     # One slot that keeps its tokens for the next turn, and a prefix cache for /load and /clear.
-    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, keep_slots=True, speculation=speculation)
+    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, keep_slots=True, speculation=speculation,
+                         draft_model=load_draft_model(speculation, model, m, n_ctx))
     talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation, split_reasoning)
     if in_terminal:
         if simple_io:

@@ -18,7 +18,7 @@ from llogos_cli.cli.options import (
     template_options,
 )
 from llogos_cli.cli.report import print_stats
-from llogos_cli.cli.spec_options import speculation_options
+from llogos_cli.cli.spec_options import load_draft_model, speculation_options
 from llogos_cli.console import err
 from llogos_cli.engine.batch import Request, check_fits
 from llogos_cli.engine.conversation import Message, TemplateChoice
@@ -91,7 +91,7 @@ def generate(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecP
     criteria = StopCriteria(n_predict, tuple(stop) + (fmt.stop_strings() if fmt else ()),
                             ignore_eos, fmt.stop_ids() if fmt else frozenset())
     gen = Generation.alone(m.model, tok, n_ctx, Request(0, ids, params, criteria, logprobs, constraint, special),
-                           model.cache_types, speculation)
+                           model.cache_types, speculation, load_draft_model(speculation, model, m, n_ctx))
     out = sys.stdout
     if echo and not as_json:
         out.write(text if text is not None else tok.decode(ids, special=special))

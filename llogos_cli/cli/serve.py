@@ -13,7 +13,7 @@ import click
 
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import model_options, reasoning_option, sampling_options, template_options
-from llogos_cli.cli.spec_options import speculation_options
+from llogos_cli.cli.spec_options import no_draft_model, speculation_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import TemplateChoice
@@ -70,6 +70,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
 
     if api_key is not None and not api_key.strip():
         raise LlogosError("--api-key is empty")
+    no_draft_model(speculation, "serve")
     mf = model.open()
     tok = mf.tokenizer
     params = sampling.params(mf.sampling_defaults)

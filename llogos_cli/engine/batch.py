@@ -28,6 +28,7 @@ from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
 from llogos_cli.engine.speculation import Drafting, SpecParams, Speculator, verified
 from llogos_cli.engine.completion import Completion, Timings, Token
+from llogos_cli.engine.draft_model import DraftModel
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.console import warn
 from llogos_cli.errors import LlogosError
@@ -134,12 +135,10 @@ class BatchEngine:
     def __init__(self, model: Model, tokenizer, n_slots: int, n_ctx: int,
                  cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = PREFILL_BATCH,
                  prefix_cache_bytes: int = CACHE_RAM_MIB << 20, keep_slots: bool = False,
-                 speculation: SpecParams = SpecParams()):
+                 speculation: SpecParams = SpecParams(), draft_model: Model | None = None):
         self.tokenizer, self.n_ctx = tokenizer, n_ctx
         recurrent = any(model.cfg.recurrent)
-        if speculation.on and recurrent:
-            warn("speculative decoding is off: this model's recurrent layers cannot step back from a rejected draft")
-        self.speculator = Speculator(speculation) if speculation.on and not recurrent else None
+        self.speculator = _speculator(speculation, draft_model, recurrent, n_slots, n_ctx)
         cache_prefixes = bool(prefix_cache_bytes) and not recurrent
         n_blocks = _kv_pool_blocks(model, cache_types, n_slots, n_ctx, prefix_cache_bytes if cache_prefixes else 0)
         self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks), cache_prefixes, keep_slots, recurrent)
@@ -302,6 +301,19 @@ class BatchEngine:
             for update in self.step():
                 if update.result is not None:
                     yield update.result
+
+
+def _speculator(params: SpecParams, draft_model: Model | None, recurrent: bool, n_slots: int,
+                n_ctx: int) -> Speculator | None:
+    """What drafts for the rows: n-grams, a draft model, or nothing."""
+    if params.spec_draft_model is not None and draft_model is None:
+        raise LlogosError("speculation with a draft model needs the draft model loaded (draft_model)")
+    if not params.on:
+        return None
+    if recurrent:
+        warn("speculative decoding is off: this model's recurrent layers cannot step back from a rejected draft")
+        return None
+    return DraftModel(params, draft_model, n_slots, n_ctx) if draft_model is not None else Speculator(params)
 
 
 def _kv_pool_blocks(model: Model, cache_types: tuple[str | None, str | None], n_slots: int, n_ctx: int,

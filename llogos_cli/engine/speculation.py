@@ -42,6 +42,8 @@ class SpecParams:
     spec_ngram_simple_size_m: int = 48   # tokens copied after the match, at most
     draft_max: int = 16                  # tokens drafted a step, at most
     draft_min: int = 0                   # a shorter draft is not tried
+    spec_draft_model: str | None = None  # a draft model's -m value: drafts with it instead (engine/draft_model.py)
+    draft_p_min: float = 0.75            # a draft model stops drafting below this probability of its best token
 
     def __post_init__(self):
         checks = [
@@ -50,6 +52,9 @@ class SpecParams:
             (self.spec_ngram_simple_size_m >= 1, "--spec-ngram-simple-size-m must be at least 1"),
             (self.draft_max >= 0, "--draft-max must be 0 or more"),
             (0 <= self.draft_min <= self.draft_max, "--draft-min must be between 0 and --draft-max"),
+            (0.0 <= self.draft_p_min <= 1.0, "--draft-p-min must be between 0 and 1"),
+            (self.spec_type == "none" or self.spec_draft_model is None,
+             "give either --spec-type or a draft model (-md), not both"),
         ]
         for ok, message in checks:
             if not ok:
@@ -57,7 +62,7 @@ class SpecParams:
 
     @property
     def on(self) -> bool:
-        return self.spec_type != "none" and self.draft_max > 0
+        return (self.spec_type != "none" or self.spec_draft_model is not None) and self.draft_max > 0
 
 
 @dataclass(slots=True)
@@ -115,10 +120,14 @@ class Speculator:
             return []
         n_predict = completion.criteria.n_predict
         limit = completion.room if n_predict < 0 else min(completion.room, n_predict)
-        wanted = limit - len(completion.generated) - 1
-        tokens = ngram_simple(row.tokens, p.spec_ngram_simple_size_n, p.spec_ngram_simple_size_m)
-        tokens = tokens[:min(p.draft_max, wanted)]
+        n = min(p.draft_max, limit - len(completion.generated) - 1)
+        tokens = self.propose(row, n) if n >= max(p.draft_min, 1) else []
         return tokens if len(tokens) >= max(p.draft_min, 1) else []
+
+    def propose(self, row, n: int) -> list[int]:
+        """Up to n tokens that may follow the row's tokens."""
+        p = self.params
+        return ngram_simple(row.tokens, p.spec_ngram_simple_size_n, p.spec_ngram_simple_size_m)[:n]
 
 
 def verified(draft: tuple[int, ...], choose):
