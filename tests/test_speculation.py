@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
+from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.draft_model import DraftModel, check_vocabulary
 from llogos_cli.engine.prefix_cache import BlockManager
@@ -19,9 +20,11 @@ from llogos_cli.engine.speculation import SpecParams, Speculator, ngram_simple, 
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model import memory
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
 from tests.conftest import FIXTURES, need
+from tests.emu.emulator import EmuKernels
 from tests.test_batch import FAMILIES
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 from tests.test_prefix_reuse import NEW_FAMILIES, OWN_FIXTURES
@@ -252,3 +255,19 @@ def test_generate_with_a_draft_model(env):
     assert drafted.stdout == plain.stdout and "draft acceptance" in drafted.stderr
     assert_one_line_error(llogos(env, "batch", "-m", str(need(FIXTURES / "tiny-llama-f32.gguf")), "-md", "x",
                                  stdin="hello\n"), "draft model")
+
+
+def test_the_cuda_backend_runs_the_speculative_step(monkeypatch):
+    """Steps without drafts replayed from CUDA graphs, verification passes run as small prompts,
+    in the CUDA backend's layout (f16 KV), its kernels run by the CPU emulator."""
+    monkeypatch.setattr(memory, "gpu_available", lambda: 1 << 30)
+    f = GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf"))
+    m, tok = Model(f, CudaBackend(EmuKernels())), Tokenizer.from_gguf(f)
+    prompt = repetitive_prompt(m.cfg.n_vocab)
+
+    def run(speculation):
+        engine = BatchEngine(m, tok, 1, 128, ("f16", "f16"), prefix_cache_bytes=0, speculation=speculation)
+        return next(iter(engine.generate([Request(0, prompt, SamplingParams(temp=0.0),
+                                                  StopCriteria(40, ignore_eos=True))])))
+    want, got = run(SpecParams()), run(NGRAM)
+    assert got.tokens == want.tokens and got.timings.draft_n_accepted > 0
