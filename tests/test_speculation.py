@@ -271,3 +271,21 @@ def test_the_cuda_backend_runs_the_speculative_step(monkeypatch):
                                                   StopCriteria(40, ignore_eos=True))])))
     want, got = run(SpecParams()), run(NGRAM)
     assert got.tokens == want.tokens and got.timings.draft_n_accepted > 0
+
+
+def test_the_server_speculates_per_slot_and_counts_the_drafts(env, tmp_path):
+    pytest.importorskip("fastapi")
+    from tests.test_server import Server
+    gguf = str(need(FIXTURES / "tiny-llama-f32.gguf"))
+    body = {"prompt": repetitive_prompt(512), "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+    server = Server(env, tmp_path / "log", "-m", gguf, "-np", "2", "-c", "256", "--spec-type", "ngram-simple",
+                    "--spec-ngram-simple-size-n", "1")
+    try:
+        texts = [server.post("/v1/completions", body).json()["choices"][0]["text"] for _ in range(2)]
+        metrics = server.metrics()
+    finally:
+        server.stop()
+    plain = llogos(env, "generate", "-m", gguf, "--tokens", ",".join(map(str, body["prompt"])), "-n", "60",
+                   "--temp", "0", "--ignore-eos")
+    assert texts == [plain.stdout] * 2
+    assert metrics["llogos_draft_tokens_total"] >= metrics["llogos_draft_tokens_accepted_total"] > 0
