@@ -4,7 +4,6 @@ drafts never reaches a later token."""
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -289,3 +288,25 @@ def test_the_server_speculates_per_slot_and_counts_the_drafts(env, tmp_path):
                    "--temp", "0", "--ignore-eos")
     assert texts == [plain.stdout] * 2
     assert metrics["llogos_draft_tokens_total"] >= metrics["llogos_draft_tokens_accepted_total"] > 0
+
+
+def test_rows_of_a_batch_speculate_each_and_equal_the_engine_without():
+    """More requests than slots and a step budget that cuts drafts short: prompts chunked beside
+    rows verifying drafts, greedy and sampled rows mixed."""
+    m, tok = load("tiny-qwen2")
+    rng = np.random.default_rng(7)
+    requests = []
+    for i in range(5):
+        motif = rng.integers(3, m.cfg.n_vocab, 6).tolist()
+        sampling = SamplingParams(temp=0.0) if i % 2 else SamplingParams(temp=0.8, seed=i)
+        requests.append(Request(i, motif * 3, sampling, StopCriteria(40, ignore_eos=True), 2 if i % 3 else 0))
+
+    def run(speculation):
+        engine = BatchEngine(m, tok, 3, 128, step_tokens=9, speculation=speculation)
+        return {r.id: r for r in engine.generate(requests)}
+    want, got = run(SpecParams()), run(NGRAM)
+    for rid in want:
+        assert got[rid].tokens == want[rid].tokens, rid
+        if rid % 3:
+            assert_same_logprobs(got[rid], want[rid])
+    assert sum(r.timings.draft_n_accepted for r in got.values()) > 0

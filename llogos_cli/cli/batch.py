@@ -59,9 +59,9 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
               "[default: one per GPU, else one per --cpus-per-worker CPUs]")
 @click.option("--cpus-per-worker", type=click.IntRange(min=1),
               help=f"CPUs each Ray worker takes on nodes without GPUs. [default: {CPUS_PER_WORKER}]")
-def batch(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, input_path, output, parallel,
-          batch_size, n_predict, stop, ignore_eos, logprobs, split_reasoning, ordered, resume, overwrite, ray, workers,
-          cpus_per_worker):
+def batch(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, input_path,
+          output, parallel, batch_size, n_predict, stop, ignore_eos, logprobs, split_reasoning, ordered, resume,
+          overwrite, ray, workers, cpus_per_worker):
     """Run many prompts with up to -np at once; one JSON result per prompt."""
     if ray is None and (workers or cpus_per_worker):
         raise LlogosError("--workers and --cpus-per-worker size a Ray run: add --ray")

@@ -43,8 +43,8 @@ _BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 @reasoning_option
 @click.option("--stats", is_flag=True, help="Timings of each reply on stderr (/stats shows the last one).")
 @click.option("--simple-io", is_flag=True, help="Plain terminal: no colours, no line editing.")
-def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, system, system_file, messages,
-         interactive, print_prompt, n_predict, split_reasoning, stats, simple_io):
+def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, system,
+         system_file, messages, interactive, print_prompt, n_predict, split_reasoning, stats, simple_io):
     """Talk with a model through its chat template.
 
     On a terminal this opens a conversation (type /help in it). With a message piped on stdin, or

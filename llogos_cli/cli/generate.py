@@ -52,8 +52,8 @@ from llogos_cli.model.loader import LoadOptions
 @template_options
 @click.option("--print-prompt", is_flag=True, help="With --chat: print the templated prompt and exit.")
 def generate(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, grammar: GrammarFlags,
-             template: TemplateChoice, prompt, file, tokens, n_predict, stop, ignore_eos, echo, special, as_json, logprobs, stats, chat,
-             print_prompt):
+             template: TemplateChoice, prompt, file, tokens, n_predict, stop, ignore_eos, echo, special, as_json,
+             logprobs, stats, chat, print_prompt):
     """Continue a prompt and stream the continuation to stdout."""
     if tokens is not None and (prompt is not None or file is not None):
         raise LlogosError("--tokens replaces -p/-f; give only one of them")

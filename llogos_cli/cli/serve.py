@@ -55,8 +55,8 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @reasoning_option
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
-def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port, parallel, batch_size,
-          queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key):
+def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
+          parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -91,7 +91,8 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         try:
             m = model.load(mf, n_ctx, parallel)
             engine = BatchEngine(m.model, tok, parallel, n_ctx, model.cache_types, batch_size,
-                                 cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt, speculation=speculation)
+                                 cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt,
+                                 speculation=speculation)
         except (LlogosError, MemoryError) as e:
             failure.append(e)
             app.state.server.should_exit = True

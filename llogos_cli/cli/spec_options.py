@@ -35,7 +35,8 @@ speculation_options = _grouped(_SPECULATION, SpecParams, "speculation")
 def no_draft_model(speculation: SpecParams, command: str) -> None:
     """Refuse -md where the engine runs many rows (a draft model drafts for one sequence's commands)."""
     if speculation.spec_draft_model is not None:
-        raise LlogosError(f"a draft model (-md) drafts for generate and chat, not {command}: use --spec-type ngram-simple")
+        raise LlogosError(f"a draft model (-md) drafts for generate and chat, not {command}: "
+                          "use --spec-type ngram-simple")
 
 
 def load_draft_model(speculation: SpecParams, options: LoadOptions, target: Loaded, n_ctx: int) -> Model | None:

@@ -54,8 +54,8 @@ class ModelRunner:
                 logits = logits[[i for i, w in enumerate(work) if w.samples]]
         else:   # a drafted row's logits at its last token and at each drafted one
             batch = Batch.join([Batch.run(w.row.tokens[w.start:w.end] + list(w.draft), w.row.slot, w.start,
-                                          range(w.end - w.start - 1, w.end - w.start + len(w.draft)) if w.samples else [])
-                                for w in work])
+                                          range(w.end - w.start - 1, w.end - w.start + len(w.draft)) if w.samples
+                                          else []) for w in work])
             logits = self.model.forward(self.cache, batch)
         return self._sample(sampling, logits)
 
