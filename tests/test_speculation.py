@@ -310,3 +310,22 @@ def test_rows_of_a_batch_speculate_each_and_equal_the_engine_without():
         if rid % 3:
             assert_same_logprobs(got[rid], want[rid])
     assert sum(r.timings.draft_n_accepted for r in got.values()) > 0
+
+
+def test_a_constrained_row_checks_its_draft_under_its_grammar():
+    """A grammar's mask after a drafted token depends on that token: the row chooses on the host,
+    position by position, the grammar fed each kept token first; drafts it forbids are rejected."""
+    from llogos_cli.engine.grammar import Grammar
+    m, tok = load("tiny-llama")
+    grammar = Grammar.json_schema({"type": "array", "items": {"type": "integer"}, "maxItems": 6})
+    prompt = tok.encode("x")
+
+    def run(speculator=None):
+        engine = BatchEngine(m, tok, 1, 256, prefix_cache_bytes=0)
+        engine.speculator = speculator
+        request = Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(60), grammar=grammar)
+        return next(iter(engine.generate([request])))
+    want = run()
+    got = run(Replay(want.tokens, m.cfg.n_vocab))
+    assert got.tokens == want.tokens and got.text == want.text
+    assert 0 < got.timings.draft_n_accepted < got.timings.draft_n
