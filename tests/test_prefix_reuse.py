@@ -110,10 +110,10 @@ def test_reused_prefix_gives_the_logits_of_the_whole_prompt_run_alone(name):
     row_logits = {}
     original = engine.runner._sample
 
-    def capture(rows, logits):
-        for row, row_l in zip(rows, np.asarray(logits)):
-            row_logits[row.request.id] = row_l.copy()
-        return original(rows, logits)
+    def capture(work, logits):
+        for w, row_l in zip(work, np.asarray(logits)):
+            row_logits[w.row.request.id] = row_l.copy()
+        return original(work, logits)
 
     engine.runner._sample = capture
     got = run(engine, [request("b", ps["b"], n_predict=1), request("same", ps["same"], n_predict=1)])

@@ -10,8 +10,10 @@ import click
 
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.spec_options import no_draft_model, speculation_options
 from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.sampling import SamplingOverrides
+from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.jobs.lines import Done, LineError, read_items
 from llogos_cli.jobs.progress import Tally
 from llogos_cli.jobs.ray_driver import CPUS_PER_WORKER, RayCluster, run_on_ray
@@ -41,6 +43,7 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Tokens to generate per prompt; -1 = until end of generation or a full context.")
 @sampling_options
+@speculation_options
 @click.option("--stop", multiple=True, help="Stop a prompt when this text is generated. Repeatable.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
 @click.option("--logprobs", type=click.IntRange(min=0), default=0, help="Report the top N log-probabilities per token.")
@@ -56,14 +59,15 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
               "[default: one per GPU, else one per --cpus-per-worker CPUs]")
 @click.option("--cpus-per-worker", type=click.IntRange(min=1),
               help=f"CPUs each Ray worker takes on nodes without GPUs. [default: {CPUS_PER_WORKER}]")
-def batch(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, input_path, output, parallel,
-          batch_size, n_predict, stop, ignore_eos, logprobs, split_reasoning, ordered, resume, overwrite, ray, workers,
-          cpus_per_worker):
+def batch(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, input_path,
+          output, parallel, batch_size, n_predict, stop, ignore_eos, logprobs, split_reasoning, ordered, resume,
+          overwrite, ray, workers, cpus_per_worker):
     """Run many prompts with up to -np at once; one JSON result per prompt."""
     if ray is None and (workers or cpus_per_worker):
         raise LlogosError("--workers and --cpus-per-worker size a Ray run: add --ray")
+    no_draft_model(speculation, "batch")
     spec = JobSpec(model, sampling, template, parallel, batch_size, n_predict, tuple(stop), ignore_eos, logprobs,
-                   split_reasoning)
+                   split_reasoning, speculation)
     out = Output(output, resume, overwrite, ordered)
     if ray is not None:
         with _lines(_input(input_path)) as lines:

@@ -8,12 +8,14 @@ import click
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import drop_newline, model_options, reasoning_option, sampling_options, template_options
 from llogos_cli.cli.repl import Repl, ReplyOutput, stream
+from llogos_cli.cli.spec_options import load_draft_model, speculation_options
 from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.console import err, notice, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.chat import Chat
 from llogos_cli.engine.conversation import Message, TemplateChoice, read_messages, with_system
 from llogos_cli.engine.sampling import SamplingOverrides
+from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import LoadOptions
 from llogos_cli.model.registry import ModelEntry
@@ -37,11 +39,12 @@ _BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Most tokens per reply; -1 = until the end of the turn or a full context.")
 @sampling_options
+@speculation_options
 @reasoning_option
 @click.option("--stats", is_flag=True, help="Timings of each reply on stderr (/stats shows the last one).")
 @click.option("--simple-io", is_flag=True, help="Plain terminal: no colours, no line editing.")
-def chat(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, system, system_file, messages,
-         interactive, print_prompt, n_predict, split_reasoning, stats, simple_io):
+def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, system,
+         system_file, messages, interactive, print_prompt, n_predict, split_reasoning, stats, simple_io):
     """Talk with a model through its chat template.
 
     On a terminal this opens a conversation (type /help in it). With a message piped on stdin, or
@@ -72,7 +75,8 @@ def chat(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoi
     n_ctx = model.n_ctx(mf)
     m = model.load(mf, n_ctx)
     # One slot that keeps its tokens for the next turn, and a prefix cache for /load and /clear.
-    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, keep_slots=True)
+    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, keep_slots=True, speculation=speculation,
+                         draft_model=load_draft_model(speculation, model, m, n_ctx))
     talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation, split_reasoning)
     if in_terminal:
         if simple_io:

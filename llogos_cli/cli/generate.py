@@ -18,11 +18,13 @@ from llogos_cli.cli.options import (
     template_options,
 )
 from llogos_cli.cli.report import print_stats
+from llogos_cli.cli.spec_options import load_draft_model, speculation_options
 from llogos_cli.console import err
 from llogos_cli.engine.batch import Request, check_fits
 from llogos_cli.engine.conversation import Message, TemplateChoice
 from llogos_cli.engine.generation import Generation
 from llogos_cli.engine.sampling import SamplingOverrides, draw_seed
+from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import LoadOptions
@@ -36,6 +38,7 @@ from llogos_cli.model.loader import LoadOptions
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Tokens to generate; -1 = until end of generation or a full context.")
 @sampling_options
+@speculation_options
 @grammar_options
 @click.option("--stop", multiple=True, help="Stop when this text is generated (not printed). Repeatable.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
@@ -48,9 +51,9 @@ from llogos_cli.model.loader import LoadOptions
 @click.option("--chat", is_flag=True, help="Send the prompt as a user message through the model's chat template.")
 @template_options
 @click.option("--print-prompt", is_flag=True, help="With --chat: print the templated prompt and exit.")
-def generate(model: LoadOptions, sampling: SamplingOverrides, grammar: GrammarFlags, template: TemplateChoice,
-             prompt, file, tokens, n_predict, stop, ignore_eos, echo, special, as_json, logprobs, stats, chat,
-             print_prompt):
+def generate(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, grammar: GrammarFlags,
+             template: TemplateChoice, prompt, file, tokens, n_predict, stop, ignore_eos, echo, special, as_json,
+             logprobs, stats, chat, print_prompt):
     """Continue a prompt and stream the continuation to stdout."""
     if tokens is not None and (prompt is not None or file is not None):
         raise LlogosError("--tokens replaces -p/-f; give only one of them")
@@ -88,7 +91,7 @@ def generate(model: LoadOptions, sampling: SamplingOverrides, grammar: GrammarFl
     criteria = StopCriteria(n_predict, tuple(stop) + (fmt.stop_strings() if fmt else ()),
                             ignore_eos, fmt.stop_ids() if fmt else frozenset())
     gen = Generation.alone(m.model, tok, n_ctx, Request(0, ids, params, criteria, logprobs, constraint, special),
-                           model.cache_types)
+                           model.cache_types, speculation, load_draft_model(speculation, model, m, n_ctx))
     out = sys.stdout
     if echo and not as_json:
         out.write(text if text is not None else tok.decode(ids, special=special))

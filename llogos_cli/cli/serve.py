@@ -13,11 +13,13 @@ import click
 
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.spec_options import no_draft_model, speculation_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.prefix_cache import CACHE_RAM_MIB
 from llogos_cli.engine.sampling import SamplingOverrides
+from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import LoadOptions
 from llogos_cli.model.memory import PREFILL_BATCH
@@ -48,12 +50,13 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
                    "(the pool: at most half of what is free after loading); the least recently used go first. "
                    "0 turns the cache off.")
 @sampling_options
+@speculation_options
 @template_options
 @reasoning_option
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
-def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, host, port, parallel, batch_size,
-          queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key):
+def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
+          parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -67,6 +70,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
 
     if api_key is not None and not api_key.strip():
         raise LlogosError("--api-key is empty")
+    no_draft_model(speculation, "serve")
     mf = model.open(generates=False)   # an encoder serves embeddings alone
     tok = mf.tokenizer
     params = sampling.params(mf.sampling_defaults)
@@ -87,7 +91,8 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
         try:
             m = model.load(mf, n_ctx, parallel)
             engine = BatchEngine(m.model, tok, parallel, n_ctx, model.cache_types, batch_size,
-                                 cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt)
+                                 cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt,
+                                 speculation=speculation)
         except (LlogosError, MemoryError) as e:
             failure.append(e)
             app.state.server.should_exit = True

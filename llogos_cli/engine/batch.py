@@ -26,8 +26,11 @@ from llogos_cli.engine.reasoning import Reasoning, Split
 from llogos_cli.engine.runner import ModelRunner
 from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
+from llogos_cli.engine.speculation import Drafting, SpecParams, Speculator, verified
 from llogos_cli.engine.completion import Completion, Timings, Token
+from llogos_cli.engine.draft_model import DraftModel
 from llogos_cli.engine.stops import StopCriteria
+from llogos_cli.console import warn
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import memory
 from llogos_cli.model.forward import Model
@@ -110,6 +113,7 @@ class Row:
     mark_at: int = -1                # the position before which the runner snapshots its state
     mark: tuple | None = None        # (position, snapshot) of its recurrent state there
     emitted: list[Token] = field(default_factory=list)
+    drafting: Drafting = field(default_factory=Drafting)   # its speculative decoding
     started: float = 0.0
     first_token: float = 0.0
 
@@ -117,7 +121,8 @@ class Row:
         c = self.completion
         logprobs = [t.logprobs for t in self.emitted] if self.request.n_logprobs else None
         timings = Timings(prompt_n=len(c.prompt) - self.prefix_hit, prompt_ms=(self.first_token - self.started) * 1e3,
-                          predicted_n=len(c.generated), predicted_ms=(now - self.first_token) * 1e3)
+                          predicted_n=len(c.generated), predicted_ms=(now - self.first_token) * 1e3,
+                          draft_n=self.drafting.n_drafted, draft_n_accepted=self.drafting.n_accepted)
         return Result(self.request.id, "".join(t.text for t in self.emitted) + c.tail,
                       [t.id for t in self.emitted], stop or c.stop, timings, logprobs, prefix_hit=self.prefix_hit,
                       context_full=c.context_full, reasoning=self.request.reasoning)
@@ -129,10 +134,12 @@ class BatchEngine:
 
     def __init__(self, model: Model, tokenizer, n_slots: int, n_ctx: int,
                  cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = PREFILL_BATCH,
-                 prefix_cache_bytes: int = CACHE_RAM_MIB << 20, keep_slots: bool = False):
+                 prefix_cache_bytes: int = CACHE_RAM_MIB << 20, keep_slots: bool = False,
+                 speculation: SpecParams = SpecParams(), draft_model: Model | None = None):
         self.tokenizer, self.n_ctx = tokenizer, n_ctx
         self.generates = bool(model.cfg.output)   # an encoder's engine only refuses, with a reason
         recurrent = any(model.cfg.recurrent)
+        self.speculator = _speculator(speculation, draft_model, recurrent, n_slots, n_ctx)
         cache_prefixes = bool(prefix_cache_bytes) and not recurrent
         n_blocks = _kv_pool_blocks(model, cache_types, n_slots, n_ctx, prefix_cache_bytes if cache_prefixes else 0)
         self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks), cache_prefixes, keep_slots, recurrent)
@@ -215,7 +222,7 @@ class BatchEngine:
 
     def step(self) -> list[Update]:
         updates, self._done = self._done, []
-        work = self.scheduler.schedule()
+        work = self.scheduler.schedule(self._drafts())
         if not work:
             return updates
         now = time.perf_counter()
@@ -227,24 +234,47 @@ class BatchEngine:
         chosen = self.runner.run(work)
         now = time.perf_counter()
         self._keep_blocks(work)
-        for w, (token_id, logprobs) in zip((w for w in work if w.samples), chosen):
-            row = w.row
-            row.n_cached = w.end
+        sampling = [w for w in work if w.samples]   # before the rows take their new tokens
+        for w in work:
+            if not w.samples:
+                w.row.n_cached = w.end
+        for w, choices in zip(sampling, chosen):
+            updates += self._fold(w, choices, now)
+        return updates
+
+    def _drafts(self) -> dict:
+        """The tokens drafted for each decoding row that has a draft (speculative decoding)."""
+        if self.speculator is None:
+            return {}
+        drafts = {row: self.speculator.draft(row) for row in self.scheduler.decoding}
+        return {row: draft for row, draft in drafts.items() if draft}
+
+    def _fold(self, w, choices, now: float) -> list[Update]:
+        """Fold the tokens a sampling item chose into its row: the next one, or with a draft each
+        drafted token the model chose too and then the one after. The cache holds the row's KV up
+        to its last token: the item's and the drafted ones kept."""
+        row, draft, updates = w.row, w.draft, []
+        row.n_cached = w.end
+        n_kept, ended = 0, None
+        for i, (token_id, logprobs) in enumerate(verified(draft, choices)):
             if not row.completion.generated:
                 row.first_token = now
                 self._release_forks(row)
+            n_kept += i < len(draft) and token_id == draft[i]
             token = row.completion.push(token_id, logprobs)
             if token is not None:
                 row.emitted.append(token)
             if row.completion.stop is not None:
-                self.scheduler.finish(row)
-                updates.append(Update(row.request.id, token, row.result(now)))
-            else:
-                row.tokens.append(token_id)
-                updates.append(Update(row.request.id, token, None))
-        for w in work:
-            if not w.samples:
-                w.row.n_cached = w.end
+                ended = token
+                break
+            row.tokens.append(token_id)
+            row.n_cached = w.end + n_kept
+            updates.append(Update(row.request.id, token, None))
+        if draft:
+            row.drafting.kept(len(draft), n_kept)
+        if row.completion.stop is not None:
+            self.scheduler.finish(row)
+            updates.append(Update(row.request.id, ended, row.result(now)))
         return updates
 
     def _keep_blocks(self, work) -> None:
@@ -275,6 +305,19 @@ class BatchEngine:
             for update in self.step():
                 if update.result is not None:
                     yield update.result
+
+
+def _speculator(params: SpecParams, draft_model: Model | None, recurrent: bool, n_slots: int,
+                n_ctx: int) -> Speculator | None:
+    """What drafts for the rows: n-grams, a draft model, or nothing."""
+    if params.spec_draft_model is not None and draft_model is None:
+        raise LlogosError("speculation with a draft model needs the draft model loaded (draft_model)")
+    if not params.on:
+        return None
+    if recurrent:
+        warn("speculative decoding is off: this model's recurrent layers cannot step back from a rejected draft")
+        return None
+    return DraftModel(params, draft_model, n_slots, n_ctx) if draft_model is not None else Speculator(params)
 
 
 def _kv_pool_blocks(model: Model, cache_types: tuple[str | None, str | None], n_slots: int, n_ctx: int,

@@ -28,7 +28,7 @@ class Reply:
         t = self.timings
         return (f"prompt {self.prompt_tokens} tokens, {t.prompt_n} prefilled in {t.prompt_ms:.0f} ms"
                 f"{_rate_note(t.prompt_n, t.prompt_ms)} | reply {t.predicted_n} tokens in {t.predicted_ms:.0f} ms"
-                f"{_rate_note(t.eval_runs, t.predicted_ms)}")
+                f"{_rate_note(max(t.predicted_n - 1, 0), t.predicted_ms)}")
 
 
 def _rate_note(n: int, ms: float) -> str:

@@ -29,12 +29,18 @@ class Timings:
     predicted_n: int = 0
     predicted_ms: float = 0.0
     eval_runs: int = 0        # forward passes during generation (the first token needs none)
+    draft_n: int = 0          # tokens drafted by speculative decoding
+    draft_n_accepted: int = 0   # of those, the ones the model chose too
 
     def as_dict(self) -> dict:
-        return {"prompt_n": self.prompt_n, "prompt_ms": round(self.prompt_ms, 3),
-                "prompt_per_second": _per_second(self.prompt_n, self.prompt_ms),
-                "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
-                "predicted_per_second": _per_second(self.predicted_n, self.predicted_ms)}
+        """llama-server's timings; the draft counts only where speculation drafted, as there."""
+        d = {"prompt_n": self.prompt_n, "prompt_ms": round(self.prompt_ms, 3),
+             "prompt_per_second": _per_second(self.prompt_n, self.prompt_ms),
+             "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
+             "predicted_per_second": _per_second(self.predicted_n, self.predicted_ms)}
+        if self.draft_n:
+            d |= {"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted}
+        return d
 
 
 def _per_second(n: int, ms: float) -> float:

@@ -8,6 +8,7 @@ import time
 
 from llogos_cli.engine.batch import BatchEngine, Request, Result
 from llogos_cli.engine.completion import Timings
+from llogos_cli.engine.speculation import SpecParams
 
 
 class Generation:
@@ -22,9 +23,11 @@ class Generation:
 
     @classmethod
     def alone(cls, model, tokenizer, n_ctx: int, request: Request,
-              cache_types: tuple[str | None, str | None] = (None, None)) -> "Generation":
+              cache_types: tuple[str | None, str | None] = (None, None),
+              speculation: SpecParams = SpecParams(), draft_model=None) -> "Generation":
         """The request on a one-slot engine of its own, without a prefix cache (`generate`)."""
-        return cls(BatchEngine(model, tokenizer, 1, n_ctx, cache_types, prefix_cache_bytes=0), request)
+        return cls(BatchEngine(model, tokenizer, 1, n_ctx, cache_types, prefix_cache_bytes=0, speculation=speculation,
+                               draft_model=draft_model), request)
 
     stop = property(lambda self: self.result.stop if self.result is not None else "")
     context_full = property(lambda self: self.result is not None and self.result.context_full)
@@ -68,3 +71,5 @@ class Generation:
         self.result = result
         self.timings.prompt_n = result.timings.prompt_n
         self.timings.predicted_n = result.timings.predicted_n
+        self.timings.draft_n = result.timings.draft_n
+        self.timings.draft_n_accepted = result.timings.draft_n_accepted

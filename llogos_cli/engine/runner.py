@@ -1,9 +1,9 @@
 """Turns a step's work into one forward pass over the cache, and samples every row that needs it.
 
 A step of decode rows only (one token each) is replayed from a CUDA graph where the backend
-captures them (engine/decode_graph.py); a step with prompt chunks runs the forward pass eagerly.
-Plain greedy rows take their argmax where the logits are; only the other rows' logits cross to
-the host.
+captures them (engine/decode_graph.py); a step with prompt chunks or drafted tokens
+(engine/speculation.py) runs the forward pass eagerly. Plain greedy rows take their argmax where
+the logits are; only the other rows' logits cross to the host.
 The cache's KV is a pool of n_blocks blocks of BLOCK_SIZE positions, and the runner writes each
 row's block table into the cache's block_tables before a step (in place: a captured decode graph
 reads them); rows that share a prefix read the same blocks. Before the pass it carries out what the scheduler
@@ -27,8 +27,8 @@ class ModelRunner:
         self._written: dict[int, list[int]] = {}   # slot -> the table last written there (a copy to the GPU)
         self._decode = decode_step(model, self.cache)
 
-    def run(self, work: list[Work]) -> list[tuple[int, list | None]]:
-        """Evaluate the work; the next (token id, top logprobs) of each item that samples, in order."""
+    def run(self, work: list[Work]) -> list["Choices"]:
+        """Evaluate the work; the Choices of each item that samples, in order."""
         for w in work:
             row = w.row
             if w.start == 0:   # a new sequence in this slot
@@ -46,36 +46,62 @@ class ModelRunner:
                 self.model.backend.write_block_table(self.cache.block_tables, w.row.slot, w.row.blocks)
                 self._written[w.row.slot] = list(w.row.blocks)
         sampling = [w for w in work if w.samples]
-        if all(w.end - w.start == 1 for w in work):
+        if all(w.end - w.start == 1 and not w.draft for w in work):
             logits = self._decode(np.array([w.row.tokens[w.start] for w in work], np.int32),
                                   np.array([w.row.slot for w in work], np.int32),
                                   np.array([w.start for w in work], np.int32))
             if len(sampling) < len(work):
                 logits = logits[[i for i, w in enumerate(work) if w.samples]]
-        else:
-            batch = Batch.join([Batch.run(w.row.tokens[w.start:w.end], w.row.slot, w.start,
-                                          [w.end - w.start - 1] if w.samples else []) for w in work])
+        else:   # a drafted row's logits at its last token and at each drafted one
+            batch = Batch.join([Batch.run(w.row.tokens[w.start:w.end] + list(w.draft), w.row.slot, w.start,
+                                          range(w.end - w.start - 1, w.end - w.start + len(w.draft)) if w.samples
+                                          else []) for w in work])
             logits = self.model.forward(self.cache, batch)
-        return self._sample([w.row for w in sampling], logits)
+        return self._sample(sampling, logits)
 
-    def _sample(self, rows: list, logits) -> list[tuple[int, list | None]]:
+    def _sample(self, work: list[Work], logits) -> list["Choices"]:
         b = self.model.backend
-        greedy = [i for i, r in enumerate(rows) if r.completion.plain_greedy]
-        chosen: list = [None] * len(rows)
+        first = np.cumsum([0] + [1 + len(w.draft) for w in work])   # each item's first row of logits
+        # A grammar's mask after a drafted token depends on that token: such rows choose on the host.
+        greedy = [j for j, w in enumerate(work)
+                  if w.row.completion.plain_greedy and not (w.draft and w.row.completion.matcher)]
+        chosen: list = [None] * len(work)
         if greedy:
-            chosen_logits = logits if len(greedy) == len(rows) else logits[greedy]
-            masks = _masks([rows[i] for i in greedy], logits.shape[1])
+            rows = [i for j in greedy for i in range(first[j], first[j + 1])]
+            chosen_logits = logits if len(rows) == len(logits) else logits[rows]
+            masks = _masks([work[j].row for j in greedy for _ in range(first[j + 1] - first[j])], logits.shape[1])
             if masks is not None:   # grammar rows: their masks go to the logits, not the logits to the host
                 chosen_logits = b.mask_logits(chosen_logits, masks)
             ids = b.argmax_rows(chosen_logits)
-            for i, token_id in zip(greedy, ids):
-                chosen[i] = (int(token_id), None)
-        others = [i for i in range(len(rows)) if chosen[i] is None]
+            at = 0
+            for j in greedy:
+                n = first[j + 1] - first[j]
+                chosen[j] = Choices(ids=ids[at:at + n])
+                at += n
+        others = [j for j in range(len(work)) if chosen[j] is None]
         if others:
-            host = b.to_host(logits[others])
-            for i, row_logits in zip(others, host):
-                chosen[i] = rows[i].completion.choose(row_logits)
+            host = b.to_host(logits[[i for j in others for i in range(first[j], first[j + 1])]])
+            at = 0
+            for j in others:
+                n = first[j + 1] - first[j]
+                chosen[j] = Choices(completion=work[j].row.completion, logits=host[at:at + n])
+                at += n
         return chosen
+
+
+class Choices:
+    """A sampling item's next token at its last token and at each drafted one: choices(i) -> (token
+    id, top logprobs or None). A row sampled on the host draws position i only when asked, after
+    the tokens before it are folded into it, so that its penalties and grammar see them."""
+    __slots__ = ("ids", "completion", "logits")
+
+    def __init__(self, ids=None, completion=None, logits=None):
+        self.ids, self.completion, self.logits = ids, completion, logits
+
+    def __call__(self, i: int) -> tuple[int, list | None]:
+        if self.ids is not None:
+            return int(self.ids[i]), None
+        return self.completion.choose(self.logits[i])
 
 
 def _masks(rows: list, n: int) -> np.ndarray | None:

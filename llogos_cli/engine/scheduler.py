@@ -28,10 +28,12 @@ from llogos_cli.engine.slots import SlotPool
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """Tokens row.tokens[start:end] go into the row's blocks at positions start..end-1."""
+    """Tokens row.tokens[start:end] go into the row's blocks at positions start..end-1, and a
+    decoding row's draft (engine/speculation.py) after them, at positions end.."""
     row: object
     start: int
     end: int
+    draft: tuple[int, ...] = ()
 
     @property
     def samples(self) -> bool:
@@ -60,11 +62,22 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
-    def schedule(self) -> list[Work]:
+    @property
+    def decoding(self) -> list:
+        """The running rows whose prompt is in the cache but for its last token: one token a step."""
+        return [r for r in self.running if r.n_cached == len(r.tokens) - 1]
+
+    def schedule(self, drafts: dict | None = None) -> list[Work]:
+        """The step's work; drafts (row -> tokens drafted for it) go with their decoding rows as
+        far as the step's budget and the free blocks allow."""
         self._grow_decoding_rows()
-        decoding = sorted((r for r in self.running if r.n_cached == len(r.tokens) - 1), key=lambda r: r.slot)
-        work = [Work(r, r.n_cached, r.n_cached + 1) for r in decoding]
-        budget = self.step_tokens - len(work)
+        decoding = sorted(self.decoding, key=lambda r: r.slot)
+        budget = self.step_tokens - len(decoding)
+        work = []
+        for r in decoding:
+            draft = self._room_for_draft(r, (drafts or {}).get(r, [])[:budget])
+            budget -= len(draft)
+            work.append(Work(r, r.n_cached, r.n_cached + 1, tuple(draft)))
         for row in self.running:
             if budget > 0 and row.n_cached < len(row.tokens) - 1:
                 work.append(self._prefill(row, budget))
@@ -75,6 +88,15 @@ class Scheduler:
             work.append(self._prefill(row, budget))
             budget -= work[-1].end - work[-1].start
         return work
+
+    def _room_for_draft(self, row, draft: list[int]) -> list[int]:
+        """As much of the draft as the row's blocks hold once it takes the free ones it needs (a
+        draft never evicts a parked row or preempts a running one)."""
+        B = self.blocks.block_size
+        need = min(-(-(row.n_cached + 1 + len(draft)) // B) - len(row.blocks), self.blocks.n_free)
+        if need > 0:
+            row.blocks += self.blocks.take(need)
+        return draft[:len(row.blocks) * B - row.n_cached - 1]
 
     def _prefill(self, row, budget: int) -> Work:
         """The row's next prompt chunk. A recurrent row that parks stops short of its last token

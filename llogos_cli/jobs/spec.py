@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import ChatFormat, TemplateChoice
 from llogos_cli.engine.sampling import SamplingOverrides
+from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.jobs.lines import LineDefaults
 from llogos_cli.model.loader import LoadOptions
@@ -28,6 +29,7 @@ class JobSpec:
     ignore_eos: bool = False
     logprobs: int = 0
     split_reasoning: bool = True   # --reasoning-format
+    speculation: SpecParams = SpecParams()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,7 @@ def set_up(spec: JobSpec, seed: int) -> BatchSetup:
                             params.seed if params.seed is not None else seed, spec.split_reasoning)
     n_ctx = spec.model.n_ctx(mf)
     m = spec.model.load(mf, n_ctx, spec.parallel)
-    engine = BatchEngine(m.model, mf.tokenizer, spec.parallel, n_ctx, spec.model.cache_types, spec.batch_size)
+    engine = BatchEngine(m.model, mf.tokenizer, spec.parallel, n_ctx, spec.model.cache_types, spec.batch_size,
+                         speculation=spec.speculation)
     where = f"{spec.parallel} slots of {n_ctx} tokens on {m.model.backend.name}"
     return BatchSetup(mf.tokenizer, chat, defaults, engine, where)

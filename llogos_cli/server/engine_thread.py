@@ -113,12 +113,13 @@ class EngineThread:
                     self.engine.cancel(rid)
                     self._release()
             generated = prompt = cached = 0
+            drafts = (0, 0)
             if not self.engine.idle:
-                step, generated, prompt, cached = self._step()
+                step, generated, prompt, cached, drafts = self._step()
                 out += step
             scheduler = self.engine.scheduler
             self.metrics.step(generated, prompt, cached, len(scheduler.running), self.engine.n_waiting,
-                              scheduler.n_preempted)
+                              scheduler.n_preempted, *drafts)
             if out:
                 self._loop.call_soon_threadsafe(_deliver, out)
             if self.engine.idle:
@@ -150,9 +151,9 @@ class EngineThread:
         self._events.clear()
         return out
 
-    def _step(self) -> tuple[list, int, int, int]:
-        """One engine step: the events for the loop, tokens generated, and the prompt tokens of
-        finished requests, all and those taken from the prefix cache."""
+    def _step(self) -> tuple[list, int, int, int, tuple[int, int]]:
+        """One engine step: the events for the loop, tokens generated, the prompt tokens of finished
+        requests, all and those taken from the prefix cache, and their drafted and accepted tokens."""
         try:
             updates = self.engine.step()
         except Exception as e:   # a bug or out of memory: fail what is in flight, keep serving the next ones
@@ -164,8 +165,8 @@ class EngineThread:
                 self.engine.cancel(rid)
                 self._release()
             self._events.clear()
-            return failed, 0, 0, 0
-        out, generated, prompt, cached = [], 0, 0, 0
+            return failed, 0, 0, 0, (0, 0)
+        out, generated, prompt, cached, drafted, accepted = [], 0, 0, 0, 0, 0
         for u in updates:
             events = self._events.get(u.id)
             if events is None:
@@ -175,10 +176,12 @@ class EngineThread:
             if u.result is not None:
                 prompt += u.result.timings.prompt_n + u.result.prefix_hit
                 cached += u.result.prefix_hit
+                drafted += u.result.timings.draft_n
+                accepted += u.result.timings.draft_n_accepted
                 del self._events[u.id]
                 self._release()
             out.append((events, u))
-        return out, generated, prompt, cached
+        return out, generated, prompt, cached, (drafted, accepted)
 
 
 def _run_call(fn: Callable, closing: bool):

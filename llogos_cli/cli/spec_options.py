@@ -1,0 +1,48 @@
+"""Speculative decoding's options, with llama.cpp's names and defaults, for every command that generates."""
+
+import click
+
+from llogos_cli.cli.options import _grouped
+from llogos_cli.engine.draft_model import check_vocabulary
+from llogos_cli.engine.speculation import SPEC_TYPES, SpecParams
+from llogos_cli.errors import LlogosError
+from llogos_cli.model.forward import Model
+from llogos_cli.model.loader import LoadOptions, Loaded, load, open_model
+
+_DEFAULTS = SpecParams()
+
+_SPECULATION = [
+    click.option("--spec-type", type=click.Choice(SPEC_TYPES), default=_DEFAULTS.spec_type, show_default=True,
+                 help="Speculative decoding: ngram-simple drafts the tokens that followed the last n tokens' "
+                      "earlier occurrence (prompt or output) and checks them in one pass; the output is unchanged."),
+    click.option("--spec-ngram-simple-size-n", type=click.IntRange(min=1), default=_DEFAULTS.spec_ngram_simple_size_n,
+                 show_default=True, help="ngram-simple: how many of the last tokens are looked up."),
+    click.option("--spec-ngram-simple-size-m", type=click.IntRange(min=1), default=_DEFAULTS.spec_ngram_simple_size_m,
+                 show_default=True, help="ngram-simple: how many tokens after the match are drafted, at most."),
+    click.option("--draft-max", "--draft", "--draft-n", "draft_max", type=click.IntRange(min=0),
+                 default=_DEFAULTS.draft_max, show_default=True, help="Tokens drafted a step, at most."),
+    click.option("--draft-min", "--draft-n-min", "draft_min", type=click.IntRange(min=0),
+                 default=_DEFAULTS.draft_min, show_default=True, help="A shorter draft is not tried."),
+    click.option("-md", "--spec-draft-model", "--model-draft", "spec_draft_model", metavar="NAME|PATH",
+                 help="Draft with this smaller model of the same vocabulary (generate and chat)."),
+    click.option("--draft-p-min", type=float, default=_DEFAULTS.draft_p_min, show_default=True,
+                 help="The draft model stops drafting when its best token is less likely than this."),
+]
+
+speculation_options = _grouped(_SPECULATION, SpecParams, "speculation")
+
+
+def no_draft_model(speculation: SpecParams, command: str) -> None:
+    """Refuse -md where the engine runs many rows (a draft model drafts for one sequence's commands)."""
+    if speculation.spec_draft_model is not None:
+        raise LlogosError(f"a draft model (-md) drafts for generate and chat, not {command}: "
+                          "use --spec-type ngram-simple")
+
+
+def load_draft_model(speculation: SpecParams, options: LoadOptions, target: Loaded, n_ctx: int) -> Model | None:
+    """The -md model on the target's backend, its vocabulary checked against the target's; None without -md."""
+    if speculation.spec_draft_model is None:
+        return None
+    mf = open_model(speculation.spec_draft_model)
+    check_vocabulary(target.tokenizer, mf.tokenizer)
+    return load(mf, target.model.backend.name, options.cpu_weights, n_ctx, options.cache_types).model

@@ -1,0 +1,63 @@
+"""Drafts from a smaller model of the same vocabulary (llama.cpp's -md), for speculative decoding.
+
+The draft model has a cache of its own, a slot for each of the engine's, and holds in each the
+tokens it has evaluated there. Before a row's step it evaluates the row's tokens past the longest
+run it already holds that the row's tokens begin with (what the target kept of its last draft is
+reused, the rest written over), then drafts greedily, one token a pass, until it has the tokens
+asked for or its best token's probability falls below --draft-p-min. Its drafts are point masses,
+so the target's check of them is the rule of engine/speculation.py, exact as it is for n-grams.
+"""
+
+import numpy as np
+
+from llogos_cli.engine.speculation import SpecParams, Speculator
+from llogos_cli.errors import LlogosError
+from llogos_cli.model.batch import Batch
+
+
+class DraftModel(Speculator):
+    def __init__(self, params: SpecParams, model, n_slots: int, n_ctx: int):
+        if any(model.cfg.recurrent):
+            raise LlogosError("the draft model has recurrent layers, whose state cannot step back from a rejected "
+                              "draft: choose one with attention layers only")
+        super().__init__(params)
+        self.model = model
+        self.cache = model.new_cache(n_slots, n_ctx)
+        self.held: dict[int, list[int]] = {}   # slot -> the tokens the draft model's cache holds there
+
+    def propose(self, row, n: int) -> list[int]:
+        held = self.held.get(row.slot, [])
+        keep = 0
+        for a, b in zip(held, row.tokens[:-1]):   # the last token is evaluated again: its logits draft
+            if a != b:
+                break
+            keep += 1
+        tokens, draft = row.tokens[keep:], []
+        while True:
+            probs = self._next(row.slot, tokens, keep)
+            keep += len(tokens)
+            best = int(np.argmax(probs))
+            if probs[best] < self.params.draft_p_min:
+                break
+            draft.append(best)
+            if len(draft) == n:
+                break
+            tokens = [best]
+        self.held[row.slot] = (row.tokens + draft)[:keep]
+        return draft
+
+    def _next(self, slot: int, tokens: list[int], pos: int) -> np.ndarray:
+        """The draft model's next-token probabilities after tokens, written at positions pos.."""
+        logits = self.model.forward(self.cache, Batch.run(tokens, slot, pos, [len(tokens) - 1]))
+        row = self.model.backend.to_host(logits)[0].astype(np.float64)
+        e = np.exp(row - row.max())
+        return e / e.sum()
+
+
+def check_vocabulary(target, draft) -> None:
+    """A draft model must spell every token as the target does: its drafts are the target's ids."""
+    same = target.n_vocab == draft.n_vocab and all(
+        target.token_bytes(i, special=True) == draft.token_bytes(i, special=True) for i in range(target.n_vocab))
+    if not same:
+        raise LlogosError(f"the draft model's vocabulary ({draft.n_vocab} tokens) is not the model's "
+                          f"({target.n_vocab} tokens): a draft model must share it token for token")

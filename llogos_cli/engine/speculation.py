@@ -1,0 +1,143 @@
+"""Speculative decoding: a continuation drafted for a decoding row, checked in the row's next step.
+
+A decoding row evaluates one token a step. With speculation the engine first drafts tokens that
+may come next (llama.cpp's ngram-simple: the tokens that followed the last earlier occurrence of
+the row's last n tokens, in its prompt or its output), and the step evaluates the row's last token
+and the draft in one forward pass, as it runs a prompt chunk. The logits at each position choose
+the next token as the row would without speculation; the draft holds while the chosen token is
+the drafted one, and the first that is not (or the one after the whole draft) is the step's last
+token. The KV written for drafted tokens past that point stays where it is: a row reads only the
+positions it has reached, and its next step writes over them.
+
+Exactness. A greedy row takes the argmax at each position: the same tokens as without speculation.
+A sampled row draws x from the target's final distribution p (penalties, grammar, truncation and
+temperature applied, the tokens before it taken into account) and keeps the drafted d exactly
+when x == d: d is kept with probability p(d), and otherwise the token is x given x != d, whose
+distribution is p with d removed and renormalized. That is the rejection rule of speculative
+sampling (keep d with probability min(1, p(d)/q(d)), else draw from max(0, p - q) renormalized)
+for a draft q that is all on d. The draws are the ones the row makes without speculation, so a
+seeded row writes the same text with it as without.
+
+Recurrent layers (DeltaNet, short convolutions) fold each token into a state that cannot step
+back to the accepted prefix: models with them run without speculation.
+"""
+
+from dataclasses import dataclass
+
+from llogos_cli.errors import LlogosError
+
+SPEC_TYPES = ("none", "ngram-simple")   # llama.cpp's names (--spec-type)
+# After a draft of which nothing was kept, a row skips this many steps before drafting again, twice
+# as many after each further such draft, up to BACKOFF_MAX: drafts that do not pay cost a
+# verification pass of several tokens each.
+BACKOFF_FIRST = 1
+BACKOFF_MAX = 32
+
+
+@dataclass(frozen=True, slots=True)
+class SpecParams:
+    """Speculative decoding's flags, named as llama.cpp's (defaults too)."""
+    spec_type: str = "none"
+    spec_ngram_simple_size_n: int = 12   # tokens looked up
+    spec_ngram_simple_size_m: int = 48   # tokens copied after the match, at most
+    draft_max: int = 16                  # tokens drafted a step, at most
+    draft_min: int = 0                   # a shorter draft is not tried
+    spec_draft_model: str | None = None  # a draft model's -m value: drafts with it instead (engine/draft_model.py)
+    draft_p_min: float = 0.75            # a draft model stops drafting below this probability of its best token
+
+    def __post_init__(self):
+        checks = [
+            (self.spec_type in SPEC_TYPES, f"--spec-type must be one of {', '.join(SPEC_TYPES)}"),
+            (self.spec_ngram_simple_size_n >= 1, "--spec-ngram-simple-size-n must be at least 1"),
+            (self.spec_ngram_simple_size_m >= 1, "--spec-ngram-simple-size-m must be at least 1"),
+            (self.draft_max >= 0, "--draft-max must be 0 or more"),
+            (0 <= self.draft_min <= self.draft_max, "--draft-min must be between 0 and --draft-max"),
+            (0.0 <= self.draft_p_min <= 1.0, "--draft-p-min must be between 0 and 1"),
+            (self.spec_type == "none" or self.spec_draft_model is None,
+             "give either --spec-type or a draft model (-md), not both"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise LlogosError(message)
+
+    @property
+    def on(self) -> bool:
+        return (self.spec_type != "none" or self.spec_draft_model is not None) and self.draft_max > 0
+
+
+@dataclass(slots=True)
+class Drafting:
+    """One row's speculation: tokens drafted and kept so far, and its back-off."""
+    n_drafted: int = 0
+    n_accepted: int = 0
+    wait: int = 0        # steps to skip before the next draft
+    backoff: int = 0     # the wait after the next draft of which nothing is kept
+
+    def kept(self, n_drafted: int, n_accepted: int) -> None:
+        """Count what a step kept of a draft, and back off after a draft wholly rejected."""
+        self.n_drafted += n_drafted
+        self.n_accepted += n_accepted
+        self.backoff = 0 if n_accepted else min(max(2 * self.backoff, BACKOFF_FIRST), BACKOFF_MAX)
+        self.wait = self.backoff
+
+
+def ngram_simple(tokens: list[int], n: int, m: int) -> list[int]:
+    """llama.cpp's ngram-simple draft for a sequence whose last token was just chosen: the last n
+    tokens looked for earlier in the sequence, the most recent occurrence first (the sequence's
+    first token never starts one, and the occurrence must end two tokens before the current one);
+    the draft is up to m of the tokens that followed it, none when fewer than n did or the sequence
+    is not longer than n + m + 1 before its last token."""
+    history = len(tokens) - 1   # llama.cpp's cur_len: the tokens before the one just chosen
+    if history <= n + m + 1:
+        return []
+    pattern, last = tokens[-n:], tokens[-1]
+    ends, at = [], n   # where a match's last token may sit: n .. history - 2 (starts 1 .. history - n - 1)
+    while True:   # list.index scans in C: a lookup costs microseconds, not a Python loop over the context
+        try:
+            at = tokens.index(last, at, history - 1)
+        except ValueError:
+            break
+        ends.append(at)
+        at += 1
+    start = next((end - n + 1 for end in reversed(ends) if tokens[end - n + 1:end + 1] == pattern), None)
+    if start is None:
+        return []
+    copy = min(m, history - (start + n))
+    return tokens[start + n:start + n + copy] if copy >= n else []
+
+
+class Speculator:
+    """Drafts tokens for the engine's decoding rows."""
+
+    def __init__(self, params: SpecParams):
+        self.params = params
+
+    def draft(self, row) -> list[int]:
+        """What the row may be about to write, as many tokens as it still wants past the next one."""
+        p, state, completion = self.params, row.drafting, row.completion
+        if state.wait:
+            state.wait -= 1
+            return []
+        n_predict = completion.criteria.n_predict
+        limit = completion.room if n_predict < 0 else min(completion.room, n_predict)
+        n = min(p.draft_max, limit - len(completion.generated) - 1)
+        tokens = self.propose(row, n) if n >= max(p.draft_min, 1) else []
+        return tokens if len(tokens) >= max(p.draft_min, 1) else []
+
+    def propose(self, row, n: int) -> list[int]:
+        """Up to n tokens that may follow the row's tokens."""
+        p = self.params
+        return ngram_simple(row.tokens, p.spec_ngram_simple_size_n, p.spec_ngram_simple_size_m)[:n]
+
+
+def verified(draft: tuple[int, ...], choose):
+    """The tokens a row's step writes, given its draft and choose(i), the token the target chooses
+    at position i (called only after the tokens before i are folded into the row): the draft's
+    tokens while the choice is the drafted token, then the first choice that is not, or the one
+    after the whole draft. Yields (token id, top logprobs)."""
+    for i, drafted in enumerate(draft):
+        chosen = choose(i)
+        yield chosen
+        if chosen[0] != drafted:
+            return
+    yield choose(len(draft))
