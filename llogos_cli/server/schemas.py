@@ -329,6 +329,11 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
+class TimedChatCompletionChunk(ChatCompletionChunk):
+    """A choice's finishing chunk with llama-server's `timings` (its web page shows the speeds)."""
+    timings: dict[str, float]
+
+
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float]
