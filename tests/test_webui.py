@@ -178,6 +178,7 @@ def test_a_streams_last_chunk_carries_llama_servers_timings(smol):
     assert len(timed) == 1 and timed[0]["choices"][0]["finish_reason"] == "length"
     t = timed[0]["timings"]
     assert t["predicted_n"] == 4 and t["prompt_n"] + t["cache_n"] > 0 and t["predicted_per_second"] > 0
+    assert all(type(t[k]) is int for k in ("prompt_n", "predicted_n", "cache_n"))   # counts, as llama-server's
 
 
 # ---------------------------------------------------------------------------------------- the page

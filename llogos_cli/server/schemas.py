@@ -331,7 +331,7 @@ class ChatCompletionChunk(BaseModel):
 
 class TimedChatCompletionChunk(ChatCompletionChunk):
     """A choice's finishing chunk with llama-server's `timings` (its web page shows the speeds)."""
-    timings: dict[str, float]
+    timings: dict[str, int | float]
 
 
 class CompletionLogprobs(BaseModel):

@@ -20,7 +20,7 @@ const INLINE = new RegExp([
   /(?<url>https?:\/\/[^\s<>()]+[^\s<>().,;:!?'"])/,
 ].map((r) => r.source).join('|'));
 
-function el(tag, className, text) {
+export function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
   if (text !== undefined) node.textContent = text;

@@ -1,14 +1,7 @@
 // The page's DOM: messages (an assistant's as Markdown, with its reasoning folded under it and its
 // speeds below) and the side bar's list of conversations.
 
-import { render } from './markdown.js';
-
-function el(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
+import { el, render } from './markdown.js';
 
 function button(label, onClick, className = 'subtle') {
   const node = el('button', className, label);
