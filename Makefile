@@ -6,7 +6,7 @@ LLOGOS := $(VENV)/bin/llogos
 MODEL  ?= smollm2-135m
 PROMPT ?= The capital of France is
 
-.PHONY: run test venv test-venv models cuda-check bench clean
+.PHONY: run test venv test-venv models browser cuda-check bench clean
 
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
@@ -39,8 +39,15 @@ run: venv
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-test: models test-venv cuda-check
+test: models test-venv browser cuda-check
 	$(PY) -m pytest $(XDIST) -rs --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
+
+# The web page's tests drive Debian's Chromium through Playwright; apt-get installs it where it can
+# (as root), and without it those tests skip, saying why.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
+		echo "no Chromium (apt-get install chromium): the web page's browser tests will skip" >&2
 
 cuda-check: test-venv
 	$(PY) -m pytest $(XDIST) -q -rs tests/test_cuda_compile.py tests/test_cuda_emulated.py

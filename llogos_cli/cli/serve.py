@@ -54,9 +54,12 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @template_options
 @reasoning_option
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
-              help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
+              help="Require `Authorization: Bearer KEY` on every endpoint but /health and the web page's files. "
+                   "[env: LLOGOS_API_KEY]")
+@click.option("--webui/--no-webui", default=True, show_default=True,
+              help="Serve the chat page at / (it asks for the --api-key once).")
 def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
-          parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key):
+          parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key, webui):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -113,8 +116,8 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         if shared.loaded is not None:
             shared.loaded.engine.stop(timeout=GRACE_S)
 
-    shared = ServerState(model_id, api_key, Metrics(parallel), start, stop)
-    app = create_app(shared)
+    shared = ServerState(model_id, api_key, Metrics(parallel), start, stop, model_path=str(mf.path))
+    app = create_app(shared, web_page=webui)
     run(app, sock, GRACE_S, close)
     if failure:
         raise failure[0]

@@ -62,6 +62,10 @@ class Result:
     context_full: bool = False       # it stopped because the context had no room left
     reasoning: Reasoning | None = None   # its request's
 
+    def timings_record(self) -> dict:
+        """llama-server's `timings` object: the engine's times, and the prompt tokens the cache gave."""
+        return {**self.timings.as_dict(), "cache_n": self.prefix_hit}
+
     def as_dict(self) -> dict:
         """The JSON record: a chat reply with reasoning has its answer as "text" and its
         reasoning as "reasoning_content" (the server's field)."""
@@ -69,7 +73,7 @@ class Result:
             return {"id": self.id, "error": self.error}
         split = self.reasoning.split(self.text) if self.reasoning else Split(content=self.text)
         d = {"id": self.id, "text": split.content, "tokens": self.tokens, "stop": self.stop,
-             "timings": {**self.timings.as_dict(), "cache_n": self.prefix_hit}}
+             "timings": self.timings_record()}
         if split.reasoning:
             d["reasoning_content"] = split.reasoning
         if self.logprobs is not None:

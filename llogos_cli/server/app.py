@@ -30,6 +30,7 @@ from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
 from llogos_cli.server.metrics import Metrics
+from llogos_cli.server.props import props
 from llogos_cli.server.prepare import (
     RequestDefaults,
     Prepared,
@@ -38,6 +39,7 @@ from llogos_cli.server.prepare import (
 )
 from llogos_cli.server.render import DONE, ChatRenderer, Choices, CompletionRenderer, Envelope, sse
 from llogos_cli.server.request_log import RequestLog
+from llogos_cli.server import webui
 
 RETRY_AFTER_S = 1   # what a client told the queue is full should wait before trying again
 
@@ -57,8 +59,8 @@ class ServerState:
     and the start and stop of the work behind them, run by the app's lifespan."""
 
     def __init__(self, model_id: str, api_key: str | None, metrics: Metrics,
-                 start: Callable[[asyncio.AbstractEventLoop], None], stop: Callable[[], None]):
-        self.model_id, self.api_key, self.metrics = model_id, api_key, metrics
+                 start: Callable[[asyncio.AbstractEventLoop], None], stop: Callable[[], None], model_path: str = ""):
+        self.model_id, self.api_key, self.metrics, self.model_path = model_id, api_key, metrics, model_path
         self.start, self.stop = start, stop
         self.loaded: LoadedModel | None = None
         self.created = int(time.time())
@@ -69,7 +71,7 @@ class ServerState:
         return self.loaded
 
 
-def create_app(shared: ServerState, max_body: int = MAX_BODY) -> FastAPI:
+def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         shared.start(asyncio.get_running_loop())
@@ -107,6 +109,10 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY) -> FastAPI:
     async def models() -> schemas.ModelList:
         return schemas.ModelList(data=[schemas.ModelCard(id=shared.model_id, created=shared.created)])
 
+    @app.get("/props", dependencies=[Depends(authorized)])
+    async def server_props():
+        return props(shared.model_path, shared.metrics.n_slots, shared.ready())
+
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request):
         body = _parse(schemas.ChatCompletionRequest, await request.body())
@@ -133,6 +139,8 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY) -> FastAPI:
         body = _parse(embeddings.LlamaEmbeddingRequest, await request.body())
         return await embeddings.llama_embedding(shared.ready(), body)
 
+    if web_page:
+        webui.register(app)
     return app
 
 

@@ -79,9 +79,13 @@ class ChatRenderer(_Renderer):
         super().__init__(envelope, index)
         self._splitter = envelope.reasoning.splitter() if envelope.reasoning else None
 
-    def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None) -> bytes:
+    def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None,
+               timings: dict | None = None) -> bytes:
         choice = schemas.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs)
         r = self.envelope
+        if timings is not None:
+            return r.sse(schemas.TimedChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[choice],
+                                                          timings=timings))
         return r.sse(schemas.ChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[choice]))
 
     def _logprobs(self, ids: list[int], tops: list) -> schemas.ChatLogprobs:
@@ -140,7 +144,7 @@ class ChatRenderer(_Renderer):
         thought = whole.reasoning[len(self._thought):] or None   # what the splitter held to the end
         if not calls:
             return [self._chunk(schemas.ChatDelta(content=whole.content[len(self.sent):] or None,
-                                                  reasoning_content=thought), finish)]
+                                                  reasoning_content=thought), finish, timings=result.timings_record())]
         # What reasoning and content are left, then each call whole, in OpenAI's delta shape.
         tail = content[len(self.sent):] if content and content.startswith(self.sent) else ""
         chunks = [self._chunk(schemas.ChatDelta(content=tail or None, reasoning_content=thought))] \
@@ -148,7 +152,7 @@ class ChatRenderer(_Renderer):
         chunks += [self._chunk(schemas.ChatDelta(tool_calls=[schemas.ToolCallDelta(
             index=i, id=c.id, type="function", function=schemas.FunctionDelta(name=c.name, arguments=c.arguments))]))
             for i, c in enumerate(calls)]
-        chunks.append(self._chunk(schemas.ChatDelta(), finish))
+        chunks.append(self._chunk(schemas.ChatDelta(), finish, timings=result.timings_record()))
         return chunks
 
     def choice(self, result: Result) -> schemas.ChatChoice:

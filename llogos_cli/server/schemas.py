@@ -345,6 +345,11 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
+class TimedChatCompletionChunk(ChatCompletionChunk):
+    """A choice's finishing chunk with llama-server's `timings` (its web page shows the speeds)."""
+    timings: dict[str, int | float]
+
+
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float]
