@@ -12,7 +12,7 @@ import threading
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.options import batch_options, model_options, reasoning_option, sampling_options, template_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import TemplateChoice
@@ -20,7 +20,6 @@ from llogos_cli.engine.prefix_cache import CACHE_RAM_MIB
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import LoadOptions
-from llogos_cli.model.memory import PREFILL_BATCH
 
 GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM before they are cancelled
 
@@ -33,8 +32,7 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
               help="Port to listen on; 0 picks a free one.")
 @click.option("-np", "--parallel", type=click.IntRange(min=1, max=256), default=8, show_default=True,
               help="Slots: requests generating at once.")
-@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=PREFILL_BATCH, show_default=True,
-              help="Tokens per step: one per decoding slot, the rest for prompt chunks.")
+@batch_options
 @click.option("--queue-size", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests that may wait for a slot; beyond them the server answers 503.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
