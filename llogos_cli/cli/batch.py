@@ -36,6 +36,8 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 @click.option("-np", "--parallel", type=click.IntRange(min=1, max=256), default=8, show_default=True,
               help="Slots: prompts in flight at once.")
 @batch_options
+@click.option("-cb", "--cont-batching", is_flag=True, expose_value=False,
+              help="Accepted for llama.cpp's command lines: prompts always join the running batch.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Tokens to generate per prompt; -1 = until end of generation or a full context.")
 @sampling_options

@@ -30,8 +30,10 @@ SPELLINGS = {
 }
 
 # Every option of llama.cpp's tools (common/arg.cpp, llama-bench's own, and --mlock/--no-mmap of
-# the releases before --load-mode), aliases joined by "/". The samplers, speculative decoding and
-# the web page's switch are llogos options of their own, declared where they are implemented.
+# the releases before --load-mode), aliases joined by "/". Left out: the sampler flags (--typical,
+# --mirostat*, --dry-*, --xtc-*, --top-nsigma, --samplers, -l), speculative decoding's (-md, --draft*,
+# --spec-*) and the web page's switch, which llogos declares where it implements them. A command
+# that declares a name takes it, whatever this list says.
 _LLAMA_CPP = """
 -h/--help/--usage --version -cl/--cache-list --completion-bash --server-base --verbose-prompt --display-prompt
 --no-display-prompt -co/--color -t/--threads -tb/--threads-batch -C/--cpu-mask -Cr/--cpu-range --cpu-strict

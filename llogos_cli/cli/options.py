@@ -110,6 +110,8 @@ _TEMPLATE = [
                  f"{', '.join(chat_template.BUILTIN)}. [default: the GGUF's, else models.toml's]"),
     click.option("--chat-template-file", type=click.Path(path_type=Path, dir_okay=False),
                  help="Read the chat template (Jinja, as in HF tokenizer_config.json) from a file."),
+    click.option("--jinja", is_flag=True, expose_value=False,
+                 help="Accepted for llama.cpp's command lines: llogos renders every chat template with Jinja."),
 ]
 
 

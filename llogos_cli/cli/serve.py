@@ -33,6 +33,10 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @click.option("-np", "--parallel", type=click.IntRange(min=1, max=256), default=8, show_default=True,
               help="Slots: requests generating at once.")
 @batch_options
+@click.option("-cb", "--cont-batching", is_flag=True, expose_value=False,
+              help="Accepted for llama.cpp's command lines: requests always join the running batch.")
+@click.option("--metrics", is_flag=True, expose_value=False,
+              help="Accepted for llama.cpp's command lines: /metrics is always served.")
 @click.option("--queue-size", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests that may wait for a slot; beyond them the server answers 503.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
@@ -48,10 +52,12 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @sampling_options
 @template_options
 @reasoning_option
+@click.option("-a", "--alias", help="The model's name in the API (llama-server's -a). [default: its models.toml name, "
+              "else its file's]")
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
 def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, host, port, parallel, batch_size,
-          queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key):
+          queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, alias, api_key):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -72,7 +78,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
     n_ctx = model.n_ctx(mf)
     sock = _listen(host, port)
     where = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
-    model_id = mf.entry.name if mf.entry else mf.path.name
+    model_id = alias or (mf.entry.name if mf.entry else mf.path.name)
     if not _loopback(host):
         warn(f"listening on {host}: other machines can reach this server"
              f"{'' if api_key else ', and it has no --api-key'}")
