@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import click
 import pytest
 
 from llogos_cli.backends.cpu.cpu_threads import available_cores
@@ -95,6 +96,13 @@ def test_a_llama_cpp_option_llogos_lacks_is_one_line_naming_it(command, args, na
     r = llogos(command, "-m", str(need(TINY)), *args, "-p", "x")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == f"error: {named} is a llama.cpp option that llogos {command} does not have\n"
+
+
+def test_a_value_may_follow_an_equals_sign():
+    p = parsed("generate", "-p", "x", "-ngl=99", "--temperature=0.5", "-ctk=f16")
+    assert (p["gpu_layers"], p["temp"], p["cache_type_k"]) == (99, 0.5, "f16")
+    with pytest.raises(click.UsageError, match="-dev/--device is a llama.cpp option"):
+        parsed("generate", "-p", "x", "-dev=cuda0")
 
 
 def test_a_value_that_looks_like_a_llama_cpp_option_is_still_a_value():

@@ -121,7 +121,7 @@ def foreign_option(params, args: list[str]) -> str | None:
         arg = args[i]
         if arg == "--":
             return None
-        name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+        name = arg.split("=", 1)[0]   # --opt=value, and -ngl=99 (Click reads a multi-letter -opt as a long one)
         if name in takes_value:
             i += 2 if takes_value[name] and name == arg else 1
             continue
