@@ -83,7 +83,7 @@ def test_auto_leaves_the_cores_that_busy_processes_hold(monkeypatch):
 def test_every_computing_command_takes_the_thread_flags(env, command):
     help_text = llogos(env, command, "--help").stdout
     assert "-t, --threads" in help_text and "-tb, --threads-batch" in help_text
-    assert_one_line_error(llogos(env, command, "-t", "-1"), "-1", code=2)
+    assert_one_line_error(llogos(env, command, "-t", "-2"), "-2", code=2)   # -1 is llama.cpp's every core
 
 
 def test_generate_runs_on_the_threads_it_is_given(env):

@@ -9,7 +9,7 @@ from typing import TextIO
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.options import batch_options, model_options, reasoning_option, sampling_options, template_options
 from llogos_cli.cli.spec_options import no_draft_model, speculation_options
 from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.sampling import SamplingOverrides
@@ -24,7 +24,6 @@ from llogos_cli.console import err
 from llogos_cli.engine.batch import BatchEngine, Request
 from llogos_cli.engine.sampling import draw_seed
 from llogos_cli.errors import LlogosError
-from llogos_cli.model.memory import PREFILL_BATCH
 
 _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
 
@@ -38,8 +37,9 @@ _PATH = click.Path(path_type=Path, dir_okay=False, allow_dash=True)
               help="Write results here as JSON lines (with --ray: a directory of them). [default: stdout]")
 @click.option("-np", "--parallel", type=click.IntRange(min=1, max=256), default=8, show_default=True,
               help="Slots: prompts in flight at once.")
-@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=PREFILL_BATCH, show_default=True,
-              help="Tokens per step: one per decoding row, the rest for prompt chunks.")
+@batch_options
+@click.option("-cb", "--cont-batching", is_flag=True, expose_value=False,
+              help="Accepted for llama.cpp's command lines: prompts always join the running batch.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Tokens to generate per prompt; -1 = until end of generation or a full context.")
 @sampling_options

@@ -6,10 +6,18 @@ from pathlib import Path
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import drop_newline, model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.options import (
+    batch_options,
+    drop_newline,
+    escape_option,
+    model_options,
+    reasoning_option,
+    sampling_options,
+    template_options,
+)
 from llogos_cli.cli.repl import Repl, ReplyOutput, stream
 from llogos_cli.cli.spec_options import load_draft_model, speculation_options
-from llogos_cli.cli.text_input import read_file, read_stdin
+from llogos_cli.cli.text_input import read_file, read_stdin, unescape
 from llogos_cli.console import err, notice, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.chat import Chat
@@ -33,18 +41,25 @@ _BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 @click.option("--messages", type=_FILE, help="Continue this conversation: a JSON list of {\"role\", "
               "\"content\"} messages (or {\"messages\": [...]}). Answers once and exits unless -i.")
 @click.option("-i", "--interactive", is_flag=True, help="With --messages: go on chatting in the terminal.")
+@click.option("-cnv", "--conversation", is_flag=True, expose_value=False,
+              help="Accepted for llama.cpp's command lines: chat is always a conversation.")
+@click.option("-p", "--prompt", help="The first message, answered before the conversation goes on (llama-cli's -p).")
+@escape_option
+@click.option("-st", "--single-turn", is_flag=True, help="Answer the first message and exit, as llama-cli's -st.")
 @template_options
 @click.option("--print-prompt", is_flag=True,
               help="Print the conversation as the model would read it (template applied) and exit.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Most tokens per reply; -1 = until the end of the turn or a full context.")
+@batch_options
 @sampling_options
 @speculation_options
 @reasoning_option
-@click.option("--stats", is_flag=True, help="Timings of each reply on stderr (/stats shows the last one).")
+@click.option("--stats/--no-stats", help="Timings of each reply on stderr (/stats shows the last one).")
 @click.option("--simple-io", is_flag=True, help="Plain terminal: no colours, no line editing.")
 def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, system,
-         system_file, messages, interactive, print_prompt, n_predict, split_reasoning, stats, simple_io):
+         system_file, messages, interactive, prompt, escape, single_turn, print_prompt, n_predict, batch_size,
+         split_reasoning, stats, simple_io):
     """Talk with a model through its chat template.
 
     On a terminal this opens a conversation (type /help in it). With a message piped on stdin, or
@@ -57,10 +72,12 @@ def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParam
     if system_file is not None:
         system = drop_newline(read_file(system_file, "system prompt file"))
     conversation = with_system(read_messages(messages) if messages else [], system)
-    in_terminal = sys.stdin.isatty() and (messages is None or interactive)
-    if not in_terminal:
+    if prompt is not None:   # -p, as llama-cli takes it: the message, not stdin's
+        conversation.append(Message("user", unescape(prompt) if escape else prompt))
+    in_terminal = sys.stdin.isatty() and (messages is None or interactive) and not single_turn
+    if not in_terminal and prompt is None:
         conversation += _piped_message(required=messages is None)
-    if print_prompt and (in_terminal or not conversation):
+    if print_prompt and ((in_terminal and prompt is None) or not conversation):
         raise LlogosError("--print-prompt needs a conversation: --messages FILE or a message on stdin")
     mf = model.open()
     fmt = template.format(mf)
@@ -75,15 +92,22 @@ def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParam
     n_ctx = model.n_ctx(mf)
     m = model.load(mf, n_ctx)
     # One slot that keeps its tokens for the next turn, and a prefix cache for /load and /clear.
-    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, keep_slots=True, speculation=speculation,
-                         draft_model=load_draft_model(speculation, model, m, n_ctx))
+    engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, batch_size, keep_slots=True,
+                         speculation=speculation, draft_model=load_draft_model(speculation, model, m, n_ctx))
     talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation, split_reasoning)
     if in_terminal:
         if simple_io:
             err.no_color = True
         notice(f"chatting with {name} (template: {fmt.template.origin}); /help for commands, Ctrl-D to leave")
+        if prompt is not None:
+            _answer(talk, stats)
         Repl(talk, simple_io, stats).run()
         return
+    _answer(talk, stats)
+
+
+def _answer(talk: Chat, stats: bool) -> None:
+    """One reply to the conversation's last message, on stdout."""
     out = ReplyOutput()
     reply = talk.respond(out.answer, think=out.think)
     out.end()

@@ -6,9 +6,12 @@ import sys
 import click
 
 from llogos_cli import __version__
+from llogos_cli.cli.llama_flags import LlamaCommand
 
 
 class _Group(click.Group):
+    command_class = LlamaCommand   # each command takes llama.cpp's spellings of its options
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)

@@ -11,12 +11,14 @@ from pathlib import Path
 import click
 
 from llogos_cli.backends import BACKENDS, CACHE_TYPES
+from llogos_cli.backends.cpu.cpu_threads import available_cores
 from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.grammar import Grammar
 from llogos_cli.engine.sampling import DRAW_SEED, SamplingOverrides
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import LoadOptions
+from llogos_cli.model.memory import PREFILL_BATCH
 from llogos_cli.tokenizer import chat_template
 
 
@@ -54,7 +56,7 @@ def _logit_biases(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, float
 # Sampling flags, each with llama.cpp's name and meaning. Defaults live in SamplingParams so a
 # model's [models.X.sampling] table in models.toml can sit between them and the command line.
 _SAMPLING_OPTIONS = [
-    click.option("--temp", "--temperature", "temp", type=float, help="Temperature; 0 samples greedily. [default: 0.8]"),
+    click.option("--temp", type=float, help="Temperature; 0 samples greedily. [default: 0.8]"),
     click.option("--top-k", type=int, help="Keep the K most likely tokens; 0 keeps all. [default: 40]"),
     click.option("--top-p", type=float, help="Keep the smallest set with this total probability. [default: 0.95]"),
     click.option("--min-p", type=float, help="Drop tokens below this fraction of the best one's probability. [default: 0.05]"),
@@ -62,7 +64,7 @@ _SAMPLING_OPTIONS = [
     click.option("--repeat-last-n", type=int, help="How many recent tokens the penalties look at; -1 = context. [default: 64]"),
     click.option("--presence-penalty", type=float, help="Subtract this from seen tokens' logits. [default: 0]"),
     click.option("--frequency-penalty", type=float, help="Subtract this times each token's count. [default: 0]"),
-    click.option("-s", "--seed", type=int, callback=_random_seed,
+    click.option("--seed", type=int, callback=_random_seed,
                  help="Random seed; the same seed gives the same output; -1 draws one. [default: random]"),
     click.option("--typical", "--typical-p", "typical_p", type=float,
                  help="Locally typical sampling: keep the tokens nearest the expected surprise up to this "
@@ -97,6 +99,23 @@ _SAMPLING_OPTIONS = [
 CPU_WEIGHTS = ("auto", "quantized", "f32")
 
 
+def _all_cores(ctx, param, threads: int) -> int:
+    return available_cores() if threads == -1 else threads
+
+
+def _gpu_layers(ctx, param, value: str | None) -> int | str | None:
+    """-ngl as llama.cpp reads it: a layer count, auto or all (-1 is auto there too)."""
+    if value is None or value in ("auto", "all"):
+        return value
+    try:
+        layers = int(value)
+    except ValueError:
+        raise click.BadParameter(f"'{value}' is not a layer count, auto or all") from None
+    if layers < -1:
+        raise click.BadParameter(f"{layers} is not a layer count, auto (-1) or all")
+    return "auto" if layers == -1 else layers
+
+
 def _go_offline(ctx, param, on: bool) -> None:
     # The registry reads the environment, so the flag reaches it without threading through every command.
     if on:
@@ -123,11 +142,21 @@ _MODEL = [
                  "[default: f32 on cpu, f16 on cuda]"),
     click.option("--cache-type-v", type=click.Choice(CACHE_TYPES), help="KV cache type for values. "
                  "[default: f32 on cpu, f16 on cuda]"),
-    click.option("-t", "--threads", type=click.IntRange(min=0), default=0, help="Threads for generating "
-                 "(steps of one token); 0 = auto: the cores other processes leave free, looked at again "
-                 "every few seconds. [default: 0]"),
-    click.option("-tb", "--threads-batch", type=click.IntRange(min=0), default=0,
-                 help="Threads for prompts and batches of sequences; 0 = auto. [default: 0]"),
+    click.option("-t", "--threads", type=click.IntRange(min=-1), default=0, callback=_all_cores, help="Threads for "
+                 "generating (steps of one token); 0 = auto: the cores other processes leave free, looked at again "
+                 "every few seconds; -1 = every core, as in llama.cpp. [default: 0]"),
+    click.option("-tb", "--threads-batch", type=click.IntRange(min=-1), default=0, callback=_all_cores,
+                 help="Threads for prompts and batches of sequences; 0 = auto, -1 = every core. [default: 0]"),
+    click.option("-ngl", "--gpu-layers", "--n-gpu-layers", "gpu_layers", metavar="N|auto|all", callback=_gpu_layers,
+                 help="llama.cpp's offload: above 0 (or all) runs on the GPU when there is one, else on the CPU "
+                 "with a note; 0 runs on the CPU; auto as --backend auto. A model runs whole on one device: "
+                 "a count below its layers runs all of them on the GPU, and says so."),
+    click.option("-fa", "--flash-attn", type=click.Choice(["on", "off", "auto"]), expose_value=False,
+                 help="Accepted for llama.cpp's command lines: each backend has one attention kernel, which "
+                 "on, off and auto all run."),
+    click.option("--mlock", is_flag=True, help="Lock the loaded model in memory (never swapped out), as llama.cpp's."),
+    click.option("--mmap/--no-mmap", default=True, show_default=True,
+                 help="Map the model file into memory; --no-mmap reads it in whole instead, as llama.cpp's."),
     click.option("--offline", is_flag=True, expose_value=False, callback=_go_offline,
                  help="Never install a models.toml model on first use (as LLOGOS_OFFLINE=1)."),
 ]
@@ -137,6 +166,8 @@ _TEMPLATE = [
                  f"{', '.join(chat_template.BUILTIN)}. [default: the GGUF's, else models.toml's]"),
     click.option("--chat-template-file", type=click.Path(path_type=Path, dir_okay=False),
                  help="Read the chat template (Jinja, as in HF tokenizer_config.json) from a file."),
+    click.option("--jinja", is_flag=True, expose_value=False,
+                 help="Accepted for llama.cpp's command lines: llogos renders every chat template with Jinja."),
 ]
 
 
@@ -203,6 +234,26 @@ class GrammarFlags:
         value = getattr(self, name)
         text = value if not name.endswith("_file") else read_file(value, name.replace("_", " "))
         return Grammar.json_schema(text) if name.startswith("json_schema") else Grammar.gbnf(text)
+
+
+def batch_options(f):
+    """-b and llama.cpp's -ub as the one `batch_size` llogos has: the tokens of one engine step. llama.cpp
+    computes a -b batch in -ub pieces, so the smaller of the two is what a step takes."""
+    @functools.wraps(f)
+    def command(batch_size: int, ubatch_size: int | None, **kwargs):
+        return f(batch_size=min(batch_size, ubatch_size or batch_size), **kwargs)
+    return _apply([
+        click.option("-b", "--batch-size", type=click.IntRange(min=1), default=PREFILL_BATCH, show_default=True,
+                     help="Tokens per step: one per decoding sequence, the rest for prompt chunks."),
+        click.option("-ub", "--ubatch-size", type=click.IntRange(min=1),
+                     help="llama.cpp's physical batch: a step takes at most this many tokens. [default: -b]"),
+    ])(command)
+
+
+# llama.cpp's --escape, on by default there: \n, \t, \xHH... in text typed on the command line.
+escape_option = click.option("-e", "--escape/--no-escape", default=True,
+                             help="Turn \\n, \\r, \\t, \\', \\\", \\\\ and \\xHH in -p text (and generate's --stop) "
+                                  "into the characters they name, as llama.cpp does. [default: --escape]")
 
 
 sampling_options = _grouped(_SAMPLING_OPTIONS, SamplingOverrides, "sampling")

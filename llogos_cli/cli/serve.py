@@ -12,7 +12,7 @@ import threading
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.options import batch_options, model_options, reasoning_option, sampling_options, template_options
 from llogos_cli.cli.spec_options import no_draft_model, speculation_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
@@ -22,7 +22,6 @@ from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import LoadOptions
-from llogos_cli.model.memory import PREFILL_BATCH
 
 GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM before they are cancelled
 
@@ -35,8 +34,11 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
               help="Port to listen on; 0 picks a free one.")
 @click.option("-np", "--parallel", type=click.IntRange(min=1, max=256), default=8, show_default=True,
               help="Slots: requests generating at once.")
-@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=PREFILL_BATCH, show_default=True,
-              help="Tokens per step: one per decoding slot, the rest for prompt chunks.")
+@batch_options
+@click.option("-cb", "--cont-batching", is_flag=True, expose_value=False,
+              help="Accepted for llama.cpp's command lines: requests always join the running batch.")
+@click.option("--metrics", is_flag=True, expose_value=False,
+              help="Accepted for llama.cpp's command lines: /metrics is always served.")
 @click.option("--queue-size", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests that may wait for a slot; beyond them the server answers 503.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
@@ -53,13 +55,15 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @speculation_options
 @template_options
 @reasoning_option
+@click.option("-a", "--alias", help="The model's name in the API (llama-server's -a). [default: its models.toml name, "
+              "else its file's]")
 @click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health and the web page's files. "
                    "[env: LLOGOS_API_KEY]")
 @click.option("--webui/--no-webui", default=True, show_default=True,
               help="Serve the chat page at / (it asks for the --api-key once).")
 def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
-          parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key, webui):
+          parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, alias, api_key, webui):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -81,7 +85,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
     n_ctx = model.n_ctx(mf)
     sock = _listen(host, port)
     where = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
-    model_id = mf.entry.name if mf.entry else mf.path.name
+    model_id = alias or (mf.entry.name if mf.entry else mf.path.name)
     if not _loopback(host):
         warn(f"listening on {host}: other machines can reach this server"
              f"{'' if api_key else ', and it has no --api-key'}")

@@ -3,6 +3,7 @@
 import functools
 import json
 import math
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -12,8 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import model_name_option, model_options, read_prompt
-from llogos_cli.console import err
+from llogos_cli.cli.options import batch_options, escape_option, model_name_option, model_options, read_prompt
+from llogos_cli.cli.text_input import read_file, read_stdin, unescape
+from llogos_cli.console import err, notice
 from llogos_cli.engine.perplexity import perplexity
 from llogos_cli.errors import LlogosError
 from llogos_cli.model import memory
@@ -155,32 +157,62 @@ def _print_table(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = N
 @cli.command()
 @click.argument("args", nargs=-1, metavar="[MODEL] [TEXT]")
 @model_name_option
-@click.option("--pieces", is_flag=True, help="Show each token's text beside its id.")
+@click.option("-p", "--prompt", help="Text to tokenize, escapes processed (llama-tokenize's -p).")
+@escape_option
+@click.option("-f", "--file", type=click.Path(path_type=Path, dir_okay=False), help="Tokenize this file's text exactly.")
+@click.option("--stdin", "from_stdin", is_flag=True, help="Tokenize stdin's text exactly (as without TEXT).")
+@click.option("--ids", is_flag=True, help="Print the ids as one list (llama-tokenize's --ids; TEXT's default).")
+@click.option("--pieces", is_flag=True, help="Print each token as `id -> 'text'` (llama-tokenize's default, and "
+              "the default with -p, -f or --stdin).")
+@click.option("--show-count", is_flag=True, help="End with the number of tokens (llama-tokenize's line).")
 @click.option("--no-bos", is_flag=True, help="Do not add BOS even if the model asks for it.")
 @click.option("--no-parse-special", is_flag=True, help="Treat special-token text as plain text.")
-def tokenize(args, model_name, pieces, no_bos, no_parse_special):
+def tokenize(args, model_name, prompt, escape, file, from_stdin, ids, pieces, show_count, no_bos, no_parse_special):
     """Print the token ids of TEXT under the model's tokenizer (-m, or MODEL before TEXT). Without
-    TEXT, or with '-', the text is read from stdin (one trailing newline dropped)."""
+    TEXT, or with '-', the text is read from stdin, exactly as given, as llama-tokenize --stdin does."""
     model, text = _model_and_text(args, model_name)
-    text = read_prompt(text, None)
-    if text is None:
-        raise LlogosError("no text: give TEXT, or pipe it on stdin")
+    given = [name for name, value in (("TEXT", text), ("-p", prompt), ("-f", file), ("--stdin", from_stdin)) if value]
+    if len(given) > 1:
+        raise click.UsageError(f"give the text one way, not with {' and '.join(given)}")
+    if ids and pieces:
+        raise click.UsageError("give one of --ids and --pieces")
+    llama_way = bool(given) and given[0] != "TEXT"
+    if prompt is not None:
+        text = unescape(prompt) if escape else prompt
+    elif file is not None:
+        text = read_file(file, "text file", exact=True)
+    elif text in (None, "-"):
+        if sys.stdin.isatty() and not from_stdin:
+            raise LlogosError("no text: give TEXT, -p TEXT, -f FILE, or pipe it on stdin")
+        text = read_stdin("the text", exact=True)
     tok = open_tokenizer(model)
-    ids = tok.encode(text, add_bos=False if no_bos else None, parse_special=not no_parse_special)
-    if pieces:
-        for i in ids:
-            click.echo(f"{i:>7} {json.dumps(tok.piece(i), ensure_ascii=False)}")
+    tokens = tok.encode(text, add_bos=False if no_bos else None, parse_special=not no_parse_special)
+    if pieces or (llama_way and not ids):
+        out = click.get_binary_stream("stdout")
+        for i in tokens:   # the token's own bytes, as llama-tokenize writes them
+            out.write(f"{i:6d} -> '".encode() + tok.token_bytes(i, special=True) + b"'\n")
+        out.flush()
     else:
-        click.echo(json.dumps(ids))
+        click.echo(json.dumps(tokens))
+    if show_count:
+        click.echo(f"Total number of tokens: {len(tokens)}")
 
 
 def _model_and_text(args: tuple[str, ...], model_name: str | None) -> tuple[str | None, str | None]:
-    """tokenize's words: [TEXT] with -m or the default model, or MODEL TEXT as before -m existed."""
+    """tokenize's words: [TEXT] with -m or the default model, or MODEL TEXT as before -m existed.
+    A lone word that names a model is refused: llama-tokenize's users write the model first."""
     if len(args) == 2 and model_name is None:
         return args[0], args[1]
     if len(args) > 1:
         raise click.UsageError("give TEXT as one argument (quoted) and the model with -m")
+    if len(args) == 1 and model_name is None and _names_a_model(args[0]):
+        raise click.UsageError(f"'{args[0]}' names a model, and no text was given: give the text after it, "
+                               f"or -m {args[0]} with -p TEXT, -f FILE or --stdin")
     return model_name, args[0] if args else None
+
+
+def _names_a_model(word: str) -> bool:
+    return find_entry(word) is not None or (word.endswith(".gguf") and Path(word).is_file())
 
 
 @cli.command(name="perplexity")
@@ -188,14 +220,16 @@ def _model_and_text(args: tuple[str, ...], model_name: str | None) -> tuple[str 
 @click.option("-f", "--file", type=click.Path(path_type=Path, dir_okay=False), required=True,
               help="Text to score.")
 @click.option("--chunks", type=click.IntRange(min=0), default=0, help="Score at most this many chunks (0: all).")
+@batch_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def perplexity_cmd(model: LoadOptions, file, chunks, as_json):
+def perplexity_cmd(model: LoadOptions, file, chunks, batch_size, as_json):
     """Perplexity of a text file, as llama-perplexity computes it."""
     text = read_prompt(None, file)
     mf = model.open()
     n_ctx = 512 if model.ctx_size is None else model.n_ctx(mf)   # llama-perplexity's default chunk
     m = model.load(mf, n_ctx)
-    run = functools.partial(perplexity, m.model, m.tokenizer, text, n_ctx, chunks, cache_types=model.cache_types)
+    run = functools.partial(perplexity, m.model, m.tokenizer, text, n_ctx, chunks, cache_types=model.cache_types,
+                            batch=batch_size)
     if err.is_terminal:
         columns = (TextColumn("perplexity"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[ppl]}"))
         with Progress(*columns, console=err, transient=True) as progress:
@@ -206,8 +240,8 @@ def perplexity_cmd(model: LoadOptions, file, chunks, as_json):
     if as_json:
         click.echo(json.dumps(result.as_dict()))
     else:
-        click.echo(f"PPL = {result.ppl:.4f} +/- {result.ppl_stderr:.5f} "
-                   f"({result.n_chunks} chunks of {n_ctx} tokens, {result.scored_tokens} scored)")
+        click.echo(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_stderr:.5f}")   # llama-perplexity's line
+        notice(f"{result.n_chunks} chunks of {n_ctx} tokens, {result.scored_tokens} tokens scored")
 
 
 def _token(tok: Tokenizer, token_id: int | None) -> dict | None:

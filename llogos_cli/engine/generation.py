@@ -9,6 +9,7 @@ import time
 from llogos_cli.engine.batch import BatchEngine, Request, Result
 from llogos_cli.engine.completion import Timings
 from llogos_cli.engine.speculation import SpecParams
+from llogos_cli.model.memory import PREFILL_BATCH
 
 
 class Generation:
@@ -23,11 +24,11 @@ class Generation:
 
     @classmethod
     def alone(cls, model, tokenizer, n_ctx: int, request: Request,
-              cache_types: tuple[str | None, str | None] = (None, None),
+              cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = PREFILL_BATCH,
               speculation: SpecParams = SpecParams(), draft_model=None) -> "Generation":
         """The request on a one-slot engine of its own, without a prefix cache (`generate`)."""
-        return cls(BatchEngine(model, tokenizer, 1, n_ctx, cache_types, prefix_cache_bytes=0, speculation=speculation,
-                               draft_model=draft_model), request)
+        return cls(BatchEngine(model, tokenizer, 1, n_ctx, cache_types, step_tokens, prefix_cache_bytes=0,
+                               speculation=speculation, draft_model=draft_model), request)
 
     stop = property(lambda self: self.result.stop if self.result is not None else "")
     context_full = property(lambda self: self.result is not None and self.result.context_full)

@@ -34,7 +34,7 @@ class PerplexityResult:
 
 def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: int = 0,
                on_chunk: Callable[[int, int, float], None] = lambda i, n, ppl: None,
-               cache_types: tuple[str | None, str | None] = (None, None)) -> PerplexityResult:
+               cache_types: tuple[str | None, str | None] = (None, None), batch: int = PREFILL_BATCH) -> PerplexityResult:
     tokens = tok.encode(text, parse_special=False)
     if n_ctx < 4:
         raise LlogosError("perplexity needs a context of at least 4 tokens")
@@ -53,8 +53,8 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
             chunk[0] = tok.bos_id
         ctx = model.new_context(n_ctx, *cache_types)
         rows = []   # logits at positions first ... n_ctx - 1, computed a batch at a time
-        for start in range(0, n_ctx, PREFILL_BATCH):
-            piece = chunk[start:start + PREFILL_BATCH]
+        for start in range(0, n_ctx, batch):
+            piece = chunk[start:start + batch]
             skip = max(0, first - start)
             logits = model.forward_seq(ctx, piece, all_logits=skip < len(piece), logits_from=skip)
             if skip < len(piece):

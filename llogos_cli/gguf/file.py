@@ -41,7 +41,8 @@ class TensorInfo:
 
 
 class GGUFFile:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, mmap: bool = True):
+        """mmap=False reads the whole file into memory instead of mapping it (llama.cpp's --no-mmap)."""
         self.path = Path(path)
         if not self.path.is_file():
             raise LlogosError(f"model file not found: {self.path}")
@@ -62,7 +63,7 @@ class GGUFFile:
             if t.offset + t.nbytes > self.size:
                 raise LlogosError(f"{self.path} is truncated: tensor {printable(t.name)} ends at byte "
                                   f"{t.offset + t.nbytes}, the file has {self.size} bytes")
-        self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self._data = np.memmap(self.path, dtype=np.uint8, mode="r") if mmap else np.fromfile(self.path, np.uint8)
 
     @property
     def arch(self) -> str:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llogos_cli.backends import get_backend
+from llogos_cli.backends import cuda_available, get_backend
 from llogos_cli.console import err, notice, warn
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -75,6 +75,9 @@ class LoadOptions:
     cache_type_v: str | None = None
     threads: int = 0                     # 0: auto
     threads_batch: int = 0
+    gpu_layers: int | str | None = None  # -ngl: a count, "auto" or "all"; None: not given
+    mlock: bool = False
+    mmap: bool = True
 
     @property
     def cache_types(self) -> tuple[str | None, str | None]:
@@ -82,7 +85,7 @@ class LoadOptions:
 
     def open(self, generates: bool = True) -> ModelFile:
         """The model's file; one that cannot generate text (an encoder) is refused if it must."""
-        mf = open_model(self.model_name)
+        mf = open_model(self.model_name, self.mmap)
         if generates and not mf.cfg.output:
             raise LlogosError(f"{mf.path.name} is a {mf.cfg.arch} model without an LM head: it makes embeddings "
                               "(llogos embed, llogos serve's /v1/embeddings), not text")
@@ -92,14 +95,37 @@ class LoadOptions:
         return mf.n_ctx(self.ctx_size, self.allow_long_ctx)
 
     def load(self, mf: ModelFile, n_ctx: int, n_slots: int = 1) -> Loaded:
-        return load(mf, self.backend, self.cpu_weights, n_ctx, self.cache_types, n_slots,
-                    threads=(self.threads, self.threads_batch))
+        loaded = load(mf, self.placement(mf.cfg.n_layer), self.cpu_weights, n_ctx, self.cache_types, n_slots,
+                      threads=(self.threads, self.threads_batch))
+        refused = self.mlock and memory.lock_in_memory()
+        if refused:
+            warn(f"--mlock: the model could not be locked in memory ({refused}); it runs unlocked")
+        return loaded
+
+    def placement(self, n_layer: int) -> str:
+        """The backend, with -ngl read as llama.cpp means it. llogos runs a model whole on one device, so
+        a count of layers picks the device: any layer on the GPU puts every layer there."""
+        layers = self.gpu_layers
+        if layers is None or layers == "auto":
+            return self.backend
+        wanted = "cpu" if layers == 0 else "cuda"
+        if self.backend not in ("auto", wanted):
+            raise LlogosError(f"-ngl {layers} and --backend {self.backend} disagree: give one of them")
+        if wanted == "cpu":
+            return "cpu"
+        if not cuda_available():
+            notice(f"-ngl {layers}: no CUDA GPU here (or no CuPy); running on the CPU")
+            return "cpu"
+        if layers != "all" and layers < n_layer:
+            warn(f"-ngl {layers}: llogos does not split a model between GPU and CPU; "
+                 f"all {n_layer} layers run on the GPU")
+        return "cuda"
 
 
-def open_model(name_or_path: str | None) -> ModelFile:
+def open_model(name_or_path: str | None, mmap: bool = True) -> ModelFile:
     t0 = time.perf_counter()
     path, entry = resolve_model(name_or_path, install=True)
-    f = GGUFFile(path)
+    f = GGUFFile(path, mmap)
     cfg = ModelConfig.from_gguf(f)
     tokenizer = Tokenizer.from_gguf(f)
     if tokenizer.n_vocab != cfg.n_vocab:

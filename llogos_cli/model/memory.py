@@ -8,6 +8,7 @@ reports available (MemAvailable, bounded by a cgroup limit); on CUDA, the GPU's 
 model that cannot fit is refused with one line, instead of being killed by the kernel part-way.
 """
 
+import ctypes
 import math
 import os
 from dataclasses import dataclass
@@ -150,6 +151,17 @@ def _cgroup_room() -> int | None:
 def gpu_available() -> int:
     import cupy
     return int(cupy.cuda.runtime.memGetInfo()[0])
+
+
+_MCL_CURRENT = 1   # mlockall(2)'s flag for the pages mapped now, the loaded model's among them
+
+
+def lock_in_memory() -> str | None:
+    """Lock what the process has mapped into RAM, as llama.cpp's --mlock does the model: None, or why
+    the kernel refused (most often the locked-memory limit, `ulimit -l`)."""
+    if ctypes.CDLL(None, use_errno=True).mlockall(_MCL_CURRENT) == 0:
+        return None
+    return os.strerror(ctypes.get_errno())
 
 
 def choose_cpu_weights(f: GGUFFile, cfg: ModelConfig, requested: str, n_ctx: int, type_k: str, type_v: str,
