@@ -8,6 +8,7 @@ in-flight requests finish for a few seconds, cancels the rest, and exits 0.
 import ipaddress
 import socket
 import threading
+from pathlib import Path
 
 import click
 
@@ -50,14 +51,18 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @sampling_options
 @template_options
 @reasoning_option
-@click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
-              help="Require `Authorization: Bearer KEY` on every endpoint but /health. [env: LLOGOS_API_KEY]")
+@click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY[,KEY...]",
+              help="Require `Authorization: Bearer KEY` on every endpoint but /health; several keys comma-separated. "
+                   "[env: LLOGOS_API_KEY]")
+@click.option("--api-key-file", type=click.Path(path_type=Path), metavar="FILE",
+              help="API keys one a line, taken as --api-key's are (with them, if both are given).")
 def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateChoice, host, port, parallel, batch_size,
-          queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key):
+          queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, api_key, api_key_file):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
         from llogos_cli.server.engine_thread import EngineThread
+        from llogos_cli.server.guards import api_keys
         from llogos_cli.server.metrics import Metrics
         from llogos_cli.server.prepare import RequestDefaults
         from llogos_cli.server.run import run
@@ -65,8 +70,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
         raise LlogosError(f"`llogos serve` needs the server extra ({e.name} is missing): "
                           "pip install 'llogos[server]'") from None
 
-    if api_key is not None and not api_key.strip():
-        raise LlogosError("--api-key is empty")
+    keys = api_keys(api_key, api_key_file)
     mf = model.open()
     tok = mf.tokenizer
     params = sampling.params(mf.sampling_defaults)
@@ -77,7 +81,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
     model_id = mf.entry.name if mf.entry else mf.path.name
     if not _loopback(host):
         warn(f"listening on {host}: other machines can reach this server"
-             f"{'' if api_key else ', and it has no --api-key'}")
+             f"{'' if keys else ', and it has no --api-key'}")
     failure: list[BaseException] = []
 
     def start(loop):
@@ -108,7 +112,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, template: TemplateCho
         if shared.loaded is not None:
             shared.loaded.engine.stop(timeout=GRACE_S)
 
-    shared = ServerState(model_id, api_key, Metrics(parallel), start, stop)
+    shared = ServerState(model_id, keys, Metrics(parallel), start, stop)
     app = create_app(shared)
     run(app, sock, GRACE_S, close)
     if failure:
