@@ -177,6 +177,39 @@ def test_a_server_request_says_how_its_reply_is_split(tmp_path):
     assert prepare_chat(body, tok, think, off, 256).reasoning is None
 
 
+SWITCHED_TEMPLATE = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
+                     "{%- if reasoning_effort is defined %}effort: {{ reasoning_effort }}\n{% endif -%}"
+                     "<|im_start|>assistant\n<think>\n"
+                     "{%- if enable_thinking is defined and not enable_thinking %}\n</think>\n\n{% endif %}")
+
+
+def test_a_request_s_reasoning_format_and_template_kwargs_are_its_own(tmp_path):
+    from llogos_cli.gguf.file import GGUFFile
+    from llogos_cli.server.prepare import RequestDefaults, prepare_chat
+    from llogos_cli.server.schemas import ChatCompletionRequest
+    from llogos_cli.tokenizer.tokenizer import Tokenizer
+    from tests.conftest import FIXTURES, need
+    tok = Tokenizer.from_gguf(GGUFFile(need(FIXTURES / "tiny-llama-f32.gguf")))
+    fmt = ChatFormat(ChatTemplate(SWITCHED_TEMPLATE, "test"), tok)
+    on, off = RequestDefaults(SamplingParams(), 8), RequestDefaults(SamplingParams(), 8, split_reasoning=False)
+
+    def prepared(defaults=on, **fields):
+        body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
+        return prepare_chat(body, tok, fmt, defaults, 256)
+
+    assert prepared(reasoning_format="none").reasoning is None
+    assert prepared(off, reasoning_format="deepseek").reasoning == Reasoning("think", True)
+    assert prepared(off).reasoning is None
+    plain = prepared()
+    assert plain.reasoning == Reasoning("think", True)
+    unthinking = prepared(chat_template_kwargs={"enable_thinking": False})
+    assert tok.decode(unthinking.requests[0].prompt).endswith("</think>\n\n")
+    assert unthinking.reasoning == Reasoning("think", False)   # the template closed the reasoning itself
+    effort = prepared(reasoning_effort="low", chat_template_kwargs={"messages": []})   # no kwarg replaces the messages
+    assert "effort: low\n" in tok.decode(effort.requests[0].prompt)
+    assert "hi" in tok.decode(effort.requests[0].prompt)
+
+
 # --------------------------------------------------------------------------- `llogos chat`
 
 def test_chat_keeps_the_answer_and_shows_the_reasoning_apart():

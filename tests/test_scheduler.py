@@ -22,6 +22,7 @@ class FakeRow:
     restore: list | None = None
     mark_at: int = -1
     mark: tuple | None = None
+    cache_prompt: bool = True
 
 
 def test_a_row_is_admitted_by_the_blocks_of_its_prompt_and_waits_when_they_are_not_free():
@@ -83,6 +84,17 @@ def test_a_finished_row_parks_and_the_next_request_continues_it_to_the_token():
     assert [(w.start, w.end) for w in work] == [(11, 13)] and nxt.prefix_hit == 11
     assert nxt.blocks[:3] == held[:3] and nxt.copy_block is None   # its own partial block, written on
     assert not scheduler.parked
+
+
+def test_a_row_that_may_not_reuse_the_cache_evaluates_its_whole_prompt():
+    scheduler = Scheduler(1, 512, BlockManager(8, 4), cache_prefixes=True, keep_slots=True)
+    first = FakeRow(list(range(10)))
+    run(scheduler, first, [50, 51])
+    again = FakeRow(list(range(10)) + [50, 77], cache_prompt=False)   # parked and named blocks begin it
+    scheduler.add(again)
+    work = scheduler.schedule()
+    assert work[0].start == 0 and again.prefix_hit == 0 and again.copy_block is None
+    assert not set(again.blocks) & set(first.blocks[:2])   # the named blocks of its first 8 tokens are not shared
 
 
 def test_a_parked_row_parted_from_inside_a_named_block_copies_that_blocks_head():

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import FIXTURES, need
-from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
+from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -104,6 +104,26 @@ def test_banner_names_address_model_and_backend(smol):
     assert smol.client().models.list().data[0].id == "smollm2-135m"
 
 
+def test_logprobs_and_tokens_list_one_entry_per_completion_token(smol):
+    """The end-of-turn token that stops a reply is no token of it: usage counts what logprobs and
+    return_tokens list (a stopped reply used to count one token more than it listed)."""
+    for stream in (False, True):
+        r = smol.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 60,
+                                               "temperature": 0, "logprobs": True, "return_tokens": True,
+                                               "stream": stream, "stream_options": {"include_usage": True}})
+        if stream:
+            events = [json.loads(e) for e in sse_events(r.text) if e != "[DONE]"]
+            choices = [e["choices"][0] for e in events if e["choices"]]
+            listed = [t for c in choices for t in (c["logprobs"] or {"content": []})["content"]]
+            tokens = [t for c in choices for t in c.get("tokens", [])]
+            usage, finish = events[-1]["usage"], choices[-1]["finish_reason"]
+        else:
+            body = r.json()
+            listed, tokens = body["choices"][0]["logprobs"]["content"], body["choices"][0]["tokens"]
+            usage, finish = body["usage"], body["choices"][0]["finish_reason"]
+        assert finish == "stop" and len(listed) == len(tokens) == usage["completion_tokens"] > 1
+
+
 def test_openai_client_chat_and_completions(smol):
     client = smol.client()
     chat = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Say hi."}],
@@ -111,7 +131,7 @@ def test_openai_client_chat_and_completions(smol):
     choice = chat.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason in ("stop", "length")
-    assert len(choice.logprobs.content) == chat.usage.completion_tokens - (choice.finish_reason == "stop")
+    assert len(choice.logprobs.content) == chat.usage.completion_tokens
     first = choice.logprobs.content[0]
     assert first.logprob == first.top_logprobs[0].logprob and len(first.top_logprobs) == 2   # greedy: the top one
     assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
@@ -279,6 +299,25 @@ def test_api_key_is_needed_everywhere_but_health(tiny):
         tiny.client("wrong").models.list()
     reply = tiny.client("sesame").completions.create(model="tiny", prompt="a b c", max_tokens=3, temperature=0)
     assert reply.usage.completion_tokens == 3
+
+
+def test_several_api_keys_from_the_option_and_a_file(env, tmp_path):
+    need(TINY)
+    (tmp_path / "keys").write_text("third\n\n  fourth  \n")
+    server = Server(env, tmp_path / "log", "-m", str(TINY), "-np", "1", "-c", "256",
+                    "--api-key", "first,second", "--api-key-file", str(tmp_path / "keys"))
+    try:
+        for key in ("first", "second", "third", "fourth"):
+            assert httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        for key in ("fifth", "first,second", "first second"):
+            assert httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 401
+    finally:
+        server.stop()
+    (tmp_path / "empty").write_text("\n \n")
+    for args, fragment in ((["--api-key", "a,,b"], "--api-key has an empty key"),
+                           (["--api-key-file", str(tmp_path / "empty")], "has no keys"),
+                           (["--api-key-file", str(tmp_path / "missing")], "cannot read --api-key-file")):
+        assert_one_line_error(llogos(env, "serve", "-m", str(TINY), "--port", "0", *args), fragment)
 
 
 def test_banner_says_one_slot(tiny):

@@ -1,4 +1,5 @@
-"""OpenAI chat parameters beyond sampling through `llogos serve`: logit_bias, n choices (distinct,
+"""OpenAI chat parameters beyond sampling through `llogos serve`: logit_bias (OpenAI's and llama-server's
+forms), llama-server's request fields, n choices (distinct,
 reproducible with a seed, streamed with their indices, counted once in usage, each constrained on its
 own, all freed when the client leaves), and 400s naming the parameters that are out of bounds."""
 
@@ -50,8 +51,56 @@ def test_logit_bias_bans_and_favours_tokens(tiny):
     assert done.choices[0].text == favoured * 2
 
 
+def test_logit_bias_in_llama_servers_list_forms_and_false_to_ban(tiny):
+    client = tiny.client()
+    tok = Tokenizer.from_gguf(GGUFFile(TINY))
+    favoured = next(i for i in range(300, tok.n_vocab) if tok.encode(tok.decode([i]), add_bos=False) == [i])
+    text = tok.decode([favoured])
+
+    def reply(bias):
+        return client.chat.completions.create(model="x", messages=ASK, max_tokens=3, temperature=0, logprobs=True,
+                                              logit_bias=bias, extra_body={"ignore_eos": True}).choices[0]
+
+    assert reply([[favoured, 100]]).message.content == text * 3
+    assert reply([[text, 100]]).message.content == text * 3          # the text's own tokens
+    top = bytes(reply(None).logprobs.content[0].bytes)
+    top_id = next(i for i in range(tok.n_vocab) if tok.token_bytes(i, special=True) == top)
+    for banned in ([[top_id, False]], {str(top_id): False}):
+        assert bytes(reply(banned).logprobs.content[0].bytes) != top
+
+
+def test_llama_server_fields_n_probs_return_tokens_and_id_slot(tiny):
+    tok = Tokenizer.from_gguf(GGUFFile(TINY))
+    r = tiny.post("/v1/chat/completions", {"messages": ASK, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                                           "n_probs": 3, "return_tokens": True, "id_slot": 1})
+    choice = r.json()["choices"][0]
+    assert [len(t["top_logprobs"]) for t in choice["logprobs"]["content"]] == [3] * 4
+    assert tok.decode(choice["tokens"]) == choice["message"]["content"] and len(choice["tokens"]) == 4
+    r = tiny.post("/v1/completions", {"prompt": "a b", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                                      "n_probs": 2, "return_tokens": True, "stream": True})
+    events = [json.loads(e) for e in sse_events(r.text) if e != "[DONE]"]
+    chunks = [e["choices"][0] for e in events if e["choices"]]
+    tokens = [t for c in chunks for t in c.get("tokens", [])]
+    assert len(tokens) == 4 and tok.decode(tokens) == "".join(c["text"] for c in chunks)
+    assert all(len(c["logprobs"]["top_logprobs"][0]) == 2 for c in chunks if c.get("tokens"))
+    plain = tiny.post("/v1/completions", {"prompt": "a b", "max_tokens": 2}).json()["choices"][0]
+    assert "tokens" not in plain and plain["logprobs"] is None
+
+
+def test_cache_prompt_false_evaluates_the_whole_prompt(tiny):
+    body = {"prompt": " ".join(["word"] * 80), "max_tokens": 1}
+    tiny.post("/v1/completions", body)
+    cached = lambda r: r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]   # noqa: E731
+    assert cached(tiny.post("/v1/completions", body)) > 0
+    assert cached(tiny.post("/v1/completions", {**body, "cache_prompt": False})) == 0
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"logit_bias": {"x": 5}}, "logit_bias"),
+    ({"logit_bias": [[99999, 5]]}, "logit_bias"),
+    ({"logit_bias": [[3, True]]}, "logit_bias"),
+    ({"n_probs": 21}, "n_probs"),
+    ({"reasoning_format": "bogus"}, "reasoning_format"),
     ({"logit_bias": {"99999": 5}}, "logit_bias"),
     ({"logit_bias": {"3": 500}}, "logit_bias"),
     ({"n": 0}, "n"),

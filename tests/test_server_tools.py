@@ -288,3 +288,34 @@ def test_tool_parameters_with_keywords_that_cannot_be_enforced_still_get_a_call(
                   tool_choice="required")
     call = answer.choices[0].message.tool_calls[0]
     assert call.function.name == "tag" and isinstance(json.loads(call.function.arguments)["tags"], list)
+
+
+# What langchain's bind_tools([get_weather], tool_choice="get_weather") sends: its schema lists the
+# properties and says nothing of other keys, which (as in llama.cpp) means there are none.
+LANGCHAIN_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                   "required": ["city", "unit"], "type": "object"}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_to_a_schema_without_additional_properties_has_only_its_keys(smol, stream):
+    kw = dict(messages=ASK, tools=[LANGCHAIN_WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    if stream:
+        content, calls, finish = streamed(smol, **kw)
+    else:
+        answer = chat(smol, **kw)
+        content, finish = answer.choices[0].message.content, answer.choices[0].finish_reason
+        calls = [{"name": c.function.name, "arguments": c.function.arguments}
+                 for c in answer.choices[0].message.tool_calls or ()]
+    assert finish == "tool_calls" and not content and [c["name"] for c in calls] == ["get_weather"]
+    closed = {**LANGCHAIN_WEATHER["function"]["parameters"], "additionalProperties": False}
+    jsonschema.validate(json.loads(calls[0]["arguments"]), closed)
+
+
+def test_a_response_format_without_additional_properties_has_only_its_keys(smol):
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30}}, "required": ["name"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": person}}
+    ask = [{"role": "user", "content": "Alice is 34 and lives in Paris. Describe her as JSON."}]
+    content = chat(smol, messages=ask, response_format=fmt).choices[0].message.content
+    jsonschema.validate(json.loads(content), {**person, "additionalProperties": False})

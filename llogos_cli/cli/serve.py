@@ -8,6 +8,7 @@ in-flight requests finish for a few seconds, cancels the rest, and exits 0.
 import ipaddress
 import socket
 import threading
+from pathlib import Path
 
 import click
 
@@ -57,17 +58,21 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @reasoning_option
 @click.option("-a", "--alias", help="The model's name in the API (llama-server's -a). [default: its models.toml name, "
               "else its file's]")
-@click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY",
-              help="Require `Authorization: Bearer KEY` on every endpoint but /health and the web page's files. "
-                   "[env: LLOGOS_API_KEY]")
+@click.option("--api-key", envvar="LLOGOS_API_KEY", metavar="KEY[,KEY...]",
+              help="Require `Authorization: Bearer KEY` on every endpoint but /health and the web page's files; "
+                   "several keys comma-separated. [env: LLOGOS_API_KEY]")
+@click.option("--api-key-file", type=click.Path(path_type=Path), metavar="FILE",
+              help="API keys one a line, taken as --api-key's are (with them, if both are given).")
 @click.option("--webui/--no-webui", default=True, show_default=True,
               help="Serve the chat page at / (it asks for the --api-key once).")
 def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
-          parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, alias, api_key, webui):
+          parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, alias, api_key,
+          api_key_file, webui):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
         from llogos_cli.server.engine_thread import EngineThread
+        from llogos_cli.server.guards import api_keys
         from llogos_cli.server.metrics import Metrics
         from llogos_cli.server.prepare import RequestDefaults
         from llogos_cli.server.run import run
@@ -75,8 +80,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         raise LlogosError(f"`llogos serve` needs the server extra ({e.name} is missing): "
                           "pip install 'llogos[server]'") from None
 
-    if api_key is not None and not api_key.strip():
-        raise LlogosError("--api-key is empty")
+    keys = api_keys(api_key, api_key_file)
     no_draft_model(speculation, "serve")
     mf = model.open(generates=False)   # an encoder serves embeddings alone
     tok = mf.tokenizer
@@ -88,7 +92,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
     model_id = alias or (mf.entry.name if mf.entry else mf.path.name)
     if not _loopback(host):
         warn(f"listening on {host}: other machines can reach this server"
-             f"{'' if api_key else ', and it has no --api-key'}")
+             f"{'' if keys else ', and it has no --api-key'}")
     failure: list[BaseException] = []
 
     def start(loop):
@@ -120,7 +124,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         if shared.loaded is not None:
             shared.loaded.engine.stop(timeout=GRACE_S)
 
-    shared = ServerState(model_id, api_key, Metrics(parallel), start, stop, model_path=str(mf.path))
+    shared = ServerState(model_id, keys, Metrics(parallel), start, stop, model_path=str(mf.path))
     app = create_app(shared, web_page=webui)
     run(app, sock, GRACE_S, close)
     if failure:

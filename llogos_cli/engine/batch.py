@@ -47,6 +47,7 @@ class Request:
     grammar: Grammar | None = None   # constrains this request's output alone
     special: bool = False            # control tokens' text in the output instead of hidden
     reasoning: Reasoning | None = None   # a chat reply's: how its reasoning is told from its answer
+    cache_prompt: bool = True        # may start from KV an earlier request left (llama-server's cache_prompt)
 
 
 @dataclass(slots=True)
@@ -120,6 +121,10 @@ class Row:
     drafting: Drafting = field(default_factory=Drafting)   # its speculative decoding
     started: float = 0.0
     first_token: float = 0.0
+
+    @property
+    def cache_prompt(self) -> bool:
+        return self.request.cache_prompt
 
     def result(self, now: float, stop: str | None = None) -> Result:
         c = self.completion

@@ -71,19 +71,22 @@ class ChatFormat:
     def _special(self, token_id: int | None) -> str:
         return "" if token_id is None else self.tokenizer.piece(token_id)
 
-    def _body(self, messages: list[Message | dict], tools: list[dict] | None = None) -> str:
+    def _body(self, messages: list[Message | dict], tools: list[dict] | None = None,
+              variables: dict | None = None) -> str:
         """The rendered template less a leading BOS when the tokenizer adds one: templates often
         write bos_token themselves, and llama.cpp cuts theirs so that the prompt has only one.
-        Messages may be dicts, for fields beyond role and content (an API's tool calls)."""
+        Messages may be dicts, for fields beyond role and content (an API's tool calls); `variables`
+        are the template's own switches (enable_thinking, reasoning_effort...)."""
         tok = self.tokenizer
         bos = self._special(tok.bos_id)
         rendered = self.template.render([m if isinstance(m, dict) else m.as_dict() for m in messages], True, bos,
-                                        self._special(tok.eos_id), tools)
+                                        self._special(tok.eos_id), tools, variables)
         return rendered[len(bos):] if tok.add_bos and bos and rendered.startswith(bos) else rendered
 
-    def text(self, messages: list[Message | dict], tools: list[dict] | None = None) -> str:
+    def text(self, messages: list[Message | dict], tools: list[dict] | None = None,
+             variables: dict | None = None) -> str:
         """Exactly what the model reads before its reply, BOS included where the tokenizer adds one."""
-        body = self._body(messages, tools)
+        body = self._body(messages, tools, variables)
         return self._special(self.tokenizer.bos_id) + body if self.tokenizer.add_bos else body
 
     def ids(self, messages: list[Message]) -> list[int]:

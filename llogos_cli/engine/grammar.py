@@ -28,6 +28,7 @@ import llguidance
 import llguidance.numpy as llguidance_numpy
 import numpy as np
 
+from llogos_cli.engine.closed_schema import closed
 from llogos_cli.errors import LlogosError
 from llogos_cli.tokenizer.detokenize import SPM_SPACE
 
@@ -48,9 +49,10 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: str | dict | bool, lenient: bool = False) -> "Grammar":
-        """From a JSON Schema, as text or already decoded. `lenient` passes over keywords llguidance
-        cannot enforce (uniqueItems, not, if/then...) instead of refusing the schema: for tool
-        parameters, where a call that may miss one of them beats no call at all."""
+        """From a JSON Schema, as text or already decoded, its objects closed to undeclared keys as
+        llama.cpp closes them (closed_schema). `lenient` passes over keywords llguidance cannot
+        enforce (uniqueItems, not, if/then...) instead of refusing the schema: for tool parameters,
+        where a call that may miss one of them beats no call at all."""
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -61,7 +63,7 @@ class Grammar:
         if not isinstance(schema, dict):
             raise LlogosError("the JSON schema must be a JSON object")
         options = {**_JSON_OPTIONS, "lenient": lenient}
-        return cls._checked("JSON schema", llguidance.LLMatcher.grammar_from_json_schema(schema, options))
+        return cls._checked("JSON schema", llguidance.LLMatcher.grammar_from_json_schema(closed(schema), options))
 
     @classmethod
     def json_object(cls) -> "Grammar":

@@ -124,8 +124,11 @@ class Scheduler:
         blocks, B = self.blocks, self.blocks.block_size
         slot = self._slot_for(row)
         parked = self.parked.pop(slot, None)
-        n, table, copy, restore, n_sealed = self._continue(parked, row) if parked else (0, [], None, None, 0)
-        matched = blocks.match(row.tokens, len(row.tokens) - 1) if self.cache_prefixes else []
+        reuse = row.cache_prompt
+        if parked and not reuse:
+            blocks.release(parked.blocks)
+        n, table, copy, restore, n_sealed = self._continue(parked, row) if parked and reuse else (0, [], None, None, 0)
+        matched = blocks.match(row.tokens, len(row.tokens) - 1) if self.cache_prefixes and reuse else []
         if len(matched) * B > n:
             blocks.release(table)
             n, table, copy, restore, n_sealed = len(matched) * B, matched, None, None, len(matched)

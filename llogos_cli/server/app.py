@@ -58,7 +58,7 @@ class ServerState:
     """What the routes share: the loaded model once it has loaded (None until then), the metrics,
     and the start and stop of the work behind them, run by the app's lifespan."""
 
-    def __init__(self, model_id: str, api_key: str | None, metrics: Metrics,
+    def __init__(self, model_id: str, api_key: tuple[str, ...], metrics: Metrics,
                  start: Callable[[asyncio.AbstractEventLoop], None], stop: Callable[[], None], model_path: str = ""):
         self.model_id, self.api_key, self.metrics, self.model_path = model_id, api_key, metrics, model_path
         self.start, self.stop = start, stop
@@ -155,7 +155,7 @@ async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, 
         raise ApiError(503, "the server is busy: every slot is taken and the queue is full", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     envelope = Envelope(prepared.id, shared.model_id, loaded.tokenizer, prepared.n_top, body.include_usage,
-                        prepared.tools, prepared.parallel_tool_calls, prepared.reasoning)
+                        prepared.tools, prepared.parallel_tool_calls, prepared.reasoning, prepared.return_tokens)
     ids = [r.id for r in requests]
     choices = Choices(renderer_class, envelope, ids, len(requests[0].prompt))
     accepted = await _until_disconnect(events.get(), request)

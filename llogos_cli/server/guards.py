@@ -1,7 +1,9 @@
-"""What stands in front of the routes: the request body's size limit and the API key."""
+"""What stands in front of the routes: the request body's size limit and the API keys."""
 
 import secrets
+from pathlib import Path
 
+from llogos_cli.errors import LlogosError
 from llogos_cli.server.errors import ApiError
 
 MAX_BODY = 8 * 2 ** 20   # bytes; a prompt of the longest contexts llogos runs is well under this
@@ -52,10 +54,33 @@ async def _no_receive():
     return {"type": "http.disconnect"}
 
 
-def check_key(expected: str | None, authorization: str | None) -> None:
-    """`Authorization: Bearer KEY` must carry the server's key, when it has one."""
-    if expected is None:
+def api_keys(listed: str | None, file: Path | None) -> tuple[str, ...]:
+    """The keys of --api-key (comma-separated, as llama-server takes them) and --api-key-file (one a
+    line, blank lines skipped); none: the server is open."""
+    keys = []
+    if listed is not None:
+        keys += [k.strip() for k in listed.split(",")]
+        if not all(keys):
+            raise LlogosError("--api-key has an empty key")
+    if file is not None:
+        try:
+            lines = file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise LlogosError(f"cannot read --api-key-file {file}: {getattr(e, 'strerror', None) or e}") from None
+        found = [line.strip() for line in lines if line.strip()]
+        if not found:
+            raise LlogosError(f"--api-key-file {file} has no keys")
+        keys += found
+    return tuple(keys)
+
+
+def check_key(expected: tuple[str, ...], authorization: str | None) -> None:
+    """`Authorization: Bearer KEY` must carry one of the server's keys, when it has any."""
+    if not expected:
         return
     scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), expected.encode()):
+    given = given.strip().encode()
+    # every key compared, so that the time taken does not tell which one came close
+    matches = [secrets.compare_digest(given, key.encode()) for key in expected]
+    if scheme.lower() != "bearer" or not any(matches):
         raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)", code="invalid_api_key")

@@ -19,6 +19,11 @@ from llogos_cli.server.errors import ApiError
 from llogos_cli.server import tool_calls, tool_prompt
 from llogos_cli.server.schemas import ChatCompletionRequest, CompletionRequest
 
+# A banned token's bias (llama-server's logit_bias false, its -inf): far below any logit, so never drawn,
+# and finite, as SamplingParams' biases are.
+BANNED = -1e30
+
+
 @dataclass(frozen=True, slots=True)
 class RequestDefaults:
     """What a request does not say: `llogos serve`'s flags over the model's defaults."""
@@ -35,6 +40,7 @@ class Prepared:
     tools: frozenset[str] = frozenset()   # functions whose calls the reply is searched for
     parallel_tool_calls: bool = True
     reasoning: Reasoning | None = None    # how the reply's reasoning is told from its answer
+    return_tokens: bool = False           # each choice carries its token ids
 
 
 def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None, defaults: RequestDefaults,
@@ -55,7 +61,8 @@ def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None
                            param="tool_choice")
     messages = tool_prompt.template_messages(body.messages, tools, chat.template.source)
     try:
-        text = chat.text(messages, [{"type": "function", "function": t} for t in tools] or None)
+        text = chat.text(messages, [{"type": "function", "function": t} for t in tools] or None,
+                         body.template_kwargs)
     except LlogosError as e:
         raise ApiError(400, str(e), code="template_error") from None
     ids = _encode(tokenizer, text, add_bos=False)
@@ -65,7 +72,8 @@ def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None
         grammar = _response_format(body)
     else:   # "required" or a named function: the reply is one call, whatever the model would rather say
         grammar = _grammar(lambda: Grammar.json_schema(tool_calls.call_schema(tools), lenient=True), "tools")
-    reasoning = chat.reasoning(text) if defaults.split_reasoning else None
+    split = defaults.split_reasoning if body.reasoning_format is None else body.reasoning_format != "none"
+    reasoning = chat.reasoning(text) if split else None
     prepared = _prepared("chatcmpl", body, ids, criteria, defaults, n_ctx, tokenizer, grammar)
     return replace(prepared, tools=frozenset(t["name"] for t in tools), parallel_tool_calls=body.parallel_tool_calls,
                    reasoning=reasoning)
@@ -132,7 +140,7 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
                        param="max_tokens")
     overrides = body.sampling()
     if body.logit_bias:
-        overrides["logit_bias"] = _logit_bias(body.logit_bias, tokenizer.n_vocab)
+        overrides["logit_bias"] = _logit_bias(body.logit_bias, tokenizer)
     if overrides.get("seed") == DRAW_SEED:   # a random one, even over the server's --seed, as llama-server does
         overrides["seed"] = None
     try:
@@ -146,8 +154,9 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
     rid = f"{kind}-{secrets.token_hex(12)}"
     criteria = replace(criteria, n_predict=n_predict)
     requests = tuple(Request(rid if body.n == 1 else f"{rid}/{i}", ids, _choice_params(params, i), criteria,
-                             _engine_logprobs(n_top, params), grammar) for i in range(body.n))
-    return Prepared(rid, requests, n_top)
+                             _engine_logprobs(n_top, params), grammar, cache_prompt=body.cache_prompt)
+                     for i in range(body.n))
+    return Prepared(rid, requests, n_top, return_tokens=body.return_tokens)
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -158,13 +167,20 @@ def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
     return replace(params, seed=row_seed(params.seed, index))
 
 
-def _logit_bias(biases: dict[str, float], n_vocab: int) -> tuple[tuple[int, float], ...]:
-    pairs = []
-    for key, bias in biases.items():
-        if not (key.isdigit() and int(key) < n_vocab):
+def _logit_bias(biases: dict | list, tokenizer) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"id": bias} or llama-server's [[id, bias], ["text", bias]] (each of the text's tokens
+    biased) as (token id, bias) pairs; a bias of false bans the token."""
+    n_vocab, pairs = tokenizer.n_vocab, []
+    for key, bias in biases.items() if isinstance(biases, dict) else biases:
+        bias = BANNED if bias is False else bias
+        if isinstance(biases, list) and isinstance(key, str):
+            pairs += [(i, bias) for i in _encode(tokenizer, key, add_bos=False)]
+            continue
+        token = key if isinstance(key, int) else int(key) if key.isdigit() else None
+        if token is None or token >= n_vocab:
             raise ApiError(400, f"logit_bias: '{key}' is not a token id of this model (0..{n_vocab - 1})",
                            param="logit_bias")
-        pairs.append((int(key), bias))
+        pairs.append((token, bias))
     return tuple(pairs)
 
 

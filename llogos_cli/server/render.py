@@ -41,6 +41,7 @@ class Envelope:
     tools: frozenset[str] = frozenset()
     parallel_tool_calls: bool = True
     reasoning: Reasoning | None = None   # a chat reply's reasoning goes to reasoning_content
+    return_tokens: bool = False        # each choice, and each chunk, carries its token ids
     created: int = field(default_factory=lambda: int(time.time()))
 
     def sse(self, chunk: BaseModel) -> bytes:
@@ -54,6 +55,14 @@ class _Renderer:
     def __init__(self, envelope: Envelope, index: int = 0):
         self.envelope, self.index = envelope, index
         self.sent = ""           # streamed text so far
+
+    @property
+    def _quiet(self) -> bool:
+        """A token whose text adds nothing needs no chunk: nothing else is reported per token."""
+        return self.envelope.n_top is None and not self.envelope.return_tokens
+
+    def _ids(self, ids: list[int]) -> list[int] | None:
+        return list(ids) if self.envelope.return_tokens else None
 
     def _piece(self, token_id: int) -> tuple[str, list[int]]:
         raw = self.envelope.tokenizer.token_bytes(token_id, special=True)
@@ -79,9 +88,10 @@ class ChatRenderer(_Renderer):
         super().__init__(envelope, index)
         self._splitter = envelope.reasoning.splitter() if envelope.reasoning else None
 
-    def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None,
+    def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None, tokens=None,
                timings: dict | None = None) -> bytes:
-        choice = schemas.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs)
+        choice = schemas.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs,
+                                         tokens=tokens)
         r = self.envelope
         if timings is not None:
             return r.sse(schemas.TimedChatCompletionChunk(id=r.id, created=r.created, model=r.model, choices=[choice],
@@ -103,13 +113,14 @@ class ChatRenderer(_Renderer):
     def token(self, token: Token) -> bytes | None:
         piece = self._splitter.push(token.text) if self._splitter else Split(content=token.text)
         text = self._release(piece.content) if self.envelope.tools else piece.content
-        if not text and not piece.reasoning and self.envelope.n_top is None:
+        if not text and not piece.reasoning and self._quiet:
             return None
         self.sent += text
         self._thought += piece.reasoning
         logprobs = None if self.envelope.n_top is None else self._logprobs([token.id], [token.logprobs])
         return self._chunk(schemas.ChatDelta(content=text if text or not piece.reasoning else None,
-                                             reasoning_content=piece.reasoning or None), logprobs=logprobs)
+                                             reasoning_content=piece.reasoning or None), logprobs=logprobs,
+                           tokens=self._ids([token.id]))
 
     def _release(self, text: str) -> str:
         """What of the reply so far can be sent: none of what may be the start of tool calls."""
@@ -162,7 +173,8 @@ class ChatRenderer(_Renderer):
         made = [schemas.ToolCallOut(id=c.id, function=schemas.FunctionCallOut(name=c.name, arguments=c.arguments))
                 for c in calls] or None
         message = schemas.AssistantMessage(content=content, reasoning_content=whole.reasoning or None, tool_calls=made)
-        return schemas.ChatChoice(index=self.index, message=message, finish_reason=finish, logprobs=logprobs)
+        return schemas.ChatChoice(index=self.index, message=message, finish_reason=finish, logprobs=logprobs,
+                                  tokens=self._ids(result.tokens))
 
     @staticmethod
     def whole(r: Envelope, choices: list[schemas.ChatChoice], usage: schemas.Usage) -> schemas.ChatCompletion:
@@ -174,13 +186,14 @@ class ChatRenderer(_Renderer):
 
 
 class CompletionRenderer(_Renderer):
-    def _choice(self, text: str, finish: str | None, logprobs=None) -> schemas.CompletionChoice:
-        return schemas.CompletionChoice(index=self.index, text=text, finish_reason=finish, logprobs=logprobs)
+    def _choice(self, text: str, finish: str | None, logprobs=None, tokens=None) -> schemas.CompletionChoice:
+        return schemas.CompletionChoice(index=self.index, text=text, finish_reason=finish, logprobs=logprobs,
+                                        tokens=tokens)
 
-    def _sse(self, text: str, finish: str | None, logprobs=None) -> bytes:
+    def _sse(self, text: str, finish: str | None, logprobs=None, tokens=None) -> bytes:
         r = self.envelope
         return r.sse(schemas.Completion(id=r.id, created=r.created, model=r.model,
-                                        choices=[self._choice(text, finish, logprobs)]))
+                                        choices=[self._choice(text, finish, logprobs, tokens)]))
 
     def _logprobs(self, ids: list[int], tops: list, offset: int) -> schemas.CompletionLogprobs:
         lp = schemas.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
@@ -199,18 +212,18 @@ class CompletionRenderer(_Renderer):
 
     def token(self, token: Token) -> bytes | None:
         n_top = self.envelope.n_top
-        if not token.text and n_top is None:
+        if not token.text and self._quiet:
             return None
         logprobs = None if n_top is None else self._logprobs([token.id], [token.logprobs], len(self.sent))
         self.sent += token.text
-        return self._sse(token.text, None, logprobs)
+        return self._sse(token.text, None, logprobs, self._ids([token.id]))
 
     def last(self, result: Result) -> list[bytes]:
         return [self._sse(result.text[len(self.sent):], FINISH[result.stop])]
 
     def choice(self, result: Result) -> schemas.CompletionChoice:
         logprobs = None if self.envelope.n_top is None else self._logprobs(result.tokens, result.logprobs, 0)
-        return self._choice(result.text, FINISH[result.stop], logprobs)
+        return self._choice(result.text, FINISH[result.stop], logprobs, self._ids(result.tokens))
 
     @staticmethod
     def whole(r: Envelope, choices: list[schemas.CompletionChoice], usage: schemas.Usage) -> schemas.Completion:
@@ -262,8 +275,10 @@ class Choices:
 
     def usage(self) -> schemas.Usage:
         """The prompt counted once, the completions of every choice; cached tokens are the first
-        choice's (the others start from the blocks it left, which are not the client's doing)."""
-        n = sum(r.timings.predicted_n for r in self._results.values())
+        choice's (the others start from the blocks it left, which are not the client's doing). A
+        completion's tokens are those of its reply, one per log-probability entry: the end-of-turn
+        token that ended it is no part of it."""
+        n = sum(len(r.tokens) for r in self._results.values())
         request_log.note_tokens(self.prompt_n, n)
         cached = schemas.PromptTokensDetails(cached_tokens=self._results[0].prefix_hit)
         return schemas.Usage(prompt_tokens=self.prompt_n, completion_tokens=n, total_tokens=self.prompt_n + n,

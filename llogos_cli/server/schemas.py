@@ -110,6 +110,9 @@ class ResponseFormat(_Strict):
 
 
 Count = Annotated[int, Field(ge=-1)]   # -1: until end of generation or a full context
+# A logit bias: added to the token's logit, or false to ban the token (llama-server's).
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)] | Literal[False]
+TopN = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]
 
 
 class RequestFields(_Strict):
@@ -174,7 +177,13 @@ class _Generation(RequestFields):
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1   # choices, each sampled on its own
     user: str | None = None                   # accepted for OpenAI clients that send it; unused
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None   # token id -> bias
+    # OpenAI's {"token id": bias}, or llama-server's [[token id or text, bias], ...]
+    logit_bias: dict[str, Bias] | list[tuple[Annotated[int, Field(ge=0)] | str, Bias]] | None = None
+    # llama-server's fields
+    cache_prompt: bool = True                 # false: evaluate the whole prompt, reusing no cached KV
+    n_probs: TopN | None = None               # top log-probabilities per token, as top_logprobs
+    id_slot: Annotated[int, Field(ge=-1)] | None = None   # accepted; the server picks the slot
+    return_tokens: bool = False               # each choice's token ids, as "tokens"
 
     @property
     def include_usage(self) -> bool:
@@ -185,11 +194,16 @@ class ChatCompletionRequest(_Generation):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Count | None = None   # OpenAI's newer name for max_tokens
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_logprobs: TopN | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # llama-server's: how the reply's reasoning is told apart ("none": left in the content), and
+    # variables for the chat template (reasoning_effort is one, as llama-server passes it)
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Annotated[str, Field(max_length=32)] | None = None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
@@ -200,16 +214,21 @@ class ChatCompletionRequest(_Generation):
     @property
     def n_top(self) -> int | None:
         """Top log-probabilities to report per token; None: no log-probabilities at all."""
-        return (self.top_logprobs or 0) if self.logprobs else None
+        return (self.top_logprobs or 0) if self.logprobs else (self.n_probs or None)
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        given = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort is not None else {}
+        return {**given, **(self.chat_template_kwargs or {})}
 
 
 class CompletionRequest(_Generation):
     prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    logprobs: TopN | None = None
 
     @property
     def n_top(self) -> int | None:
-        return self.logprobs
+        return self.logprobs if self.logprobs is not None else (self.n_probs or None)
 
 
 def explain(errors) -> str:
@@ -294,7 +313,18 @@ class AssistantMessage(BaseModel):
         return body
 
 
-class ChatChoice(BaseModel):
+class _Tokens(BaseModel):
+    tokens: list[int] | None = None           # the choice's token ids, when the request asked (return_tokens)
+
+    @model_serializer(mode="wrap")
+    def _tokens_when_asked(self, handler):
+        body = handler(self)
+        if body.get("tokens") is None:
+            body.pop("tokens", None)
+        return body
+
+
+class ChatChoice(_Tokens):
     index: int = 0
     message: AssistantMessage
     finish_reason: str
@@ -329,7 +359,7 @@ class ChatDelta(_Sparse):
     tool_calls: list[ToolCallDelta] | None = None
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(_Tokens):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
@@ -357,7 +387,7 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(_Tokens):
     index: int = 0
     text: str
     finish_reason: str | None = None

@@ -69,12 +69,16 @@ class ChatTemplate:
         return tuple(m for m in END_OF_TURN if m in self.source)
 
     def render(self, messages: list[dict], add_generation_prompt: bool,
-               bos_token: str = "", eos_token: str = "", tools: list[dict] | None = None) -> str:
-        """The prompt's text. `tools`: function schemas for tool-use templates, as apply_chat_template passes them."""
+               bos_token: str = "", eos_token: str = "", tools: list[dict] | None = None,
+               variables: dict | None = None) -> str:
+        """The prompt's text. `tools`: function schemas for tool-use templates, as apply_chat_template passes them;
+        `variables`: more of the template's inputs (apply_chat_template's extra keyword arguments), which
+        cannot replace these."""
         template = _compile(self.source, self.origin)
         try:
-            return template_sandbox.render(template, messages=messages, add_generation_prompt=add_generation_prompt,
-                                           bos_token=bos_token, eos_token=eos_token, tools=tools, documents=None)
+            given = dict(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token,
+                         eos_token=eos_token, tools=tools, documents=None)
+            return template_sandbox.render(template, **{**(variables or {}), **given})
         except SecurityError as e:
             raise LlogosError(f"chat template from {self.origin} was stopped by the sandbox: {e}") from None
         except _Raised as e:

@@ -39,7 +39,7 @@ class LimitExceeded(SecurityError):
     """A template tried to build too much or ran too long."""
 
 
-def render(template: jinja2.Template, **variables) -> str:
+def render(template: jinja2.Template, /, **variables) -> str:
     """The template's text, rendered under the time, memory and length limits."""
     with _budget():
         pieces, length = [], 0
