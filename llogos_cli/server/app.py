@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.errors import LlogosError
-from llogos_cli.server import anthropic, anthropic_schemas, schemas
+from llogos_cli.server import anthropic, anthropic_schemas, responses, responses_schemas, schemas
 from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
@@ -144,6 +144,11 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY) -> FastAPI:
         loaded = shared.ready()
         return await run_in_threadpool(anthropic.count_tokens, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                        loaded.n_ctx)
+
+    @app.post(responses.PATH, dependencies=[Depends(authorized)])
+    async def create_response(request: Request):
+        return await translated(request, responses_schemas.ResponsesRequest, responses.prepare,
+                                responses.ResponseRenderer)
 
     return app
 
