@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.errors import LlogosError
-from llogos_cli.server import embeddings, schemas
+from llogos_cli.server import anthropic, anthropic_schemas, embeddings, responses, responses_schemas, schemas, webui
 from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
@@ -37,9 +37,8 @@ from llogos_cli.server.prepare import (
     prepare_chat,
     prepare_completion,
 )
-from llogos_cli.server.render import DONE, ChatRenderer, Choices, CompletionRenderer, Envelope, sse
+from llogos_cli.server.render import ChatRenderer, Choices, CompletionRenderer, Envelope
 from llogos_cli.server.request_log import RequestLog
-from llogos_cli.server import webui
 
 RETRY_AFTER_S = 1   # what a client told the queue is full should wait before trying again
 
@@ -82,18 +81,19 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
     app.add_middleware(BodyLimit, limit=max_body)
     app.add_middleware(RequestLog)   # outermost: it also sees what BodyLimit refuses
 
-    def authorized(authorization: str | None = Header(None)) -> None:
-        check_key(shared.api_key, authorization)
+    def authorized(authorization: str | None = Header(None), x_api_key: str | None = Header(None)) -> None:
+        # Anthropic's clients may send the key as x-api-key instead
+        check_key(shared.api_key, authorization if x_api_key is None else f"Bearer {x_api_key}")
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
         if request.url.path.startswith("/v1/") and e.status != 401:
             shared.metrics.request("rejected")
-        return e.response()
+        return _error_response(request, e)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
-        return ApiError(e.status_code, str(e.detail), headers=e.headers).response()
+        return _error_response(request, ApiError(e.status_code, str(e.detail), headers=e.headers))
 
     @app.get("/health")
     async def health():
@@ -139,9 +139,42 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         body = _parse(embeddings.LlamaEmbeddingRequest, await request.body())
         return await embeddings.llama_embedding(shared.ready(), body)
 
+    async def translated(request: Request, schema, prepare, renderer_class):
+        """An API translated onto the chat endpoint's: `prepare` gives the chat request its body means
+        and that request's engine requests; the renderer writes the reply in the API's shape."""
+        body = _parse(schema, await request.body())
+        loaded = shared.ready()
+        chat_body, prepared = await run_in_threadpool(prepare, body, loaded.tokenizer, loaded.chat, loaded.defaults,
+                                                      loaded.n_ctx)
+        return await _answer(shared, loaded, prepared, chat_body, renderer_class, request)
+
+    @app.post(anthropic.PATH, dependencies=[Depends(authorized)])
+    async def messages(request: Request):
+        return await translated(request, anthropic_schemas.MessagesRequest, anthropic.prepare,
+                                anthropic.MessageRenderer)
+
+    @app.post(anthropic.PATH + "/count_tokens", dependencies=[Depends(authorized)])
+    async def count_tokens(request: Request) -> anthropic_schemas.CountTokens:
+        body = _parse(anthropic_schemas.CountTokensRequest, await request.body())
+        loaded = shared.ready()
+        return await run_in_threadpool(anthropic.count_tokens, body, loaded.tokenizer, loaded.chat, loaded.defaults,
+                                       loaded.n_ctx)
+
+    @app.post(responses.PATH, dependencies=[Depends(authorized)])
+    async def create_response(request: Request):
+        return await translated(request, responses_schemas.ResponsesRequest, responses.prepare,
+                                responses.ResponseRenderer)
+
     if web_page:
         webui.register(app)
     return app
+
+
+def _error_response(request: Request, e: ApiError) -> Response:
+    """The error in the shape of the API the request was made to."""
+    if request.url.path.startswith(anthropic.PATH):
+        return anthropic.error_response(e)
+    return e.response()
 
 
 async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, body, renderer_class, request: Request):
@@ -155,7 +188,8 @@ async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, 
         raise ApiError(503, "the server is busy: every slot is taken and the queue is full", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     envelope = Envelope(prepared.id, shared.model_id, loaded.tokenizer, prepared.n_top, body.include_usage,
-                        prepared.tools, prepared.parallel_tool_calls, prepared.reasoning, prepared.return_tokens)
+                        prepared.tools, prepared.parallel_tool_calls, prepared.reasoning, prepared.return_tokens,
+                        body.stops, len(requests[0].prompt))
     ids = [r.id for r in requests]
     choices = Choices(renderer_class, envelope, ids, len(requests[0].prompt))
     accepted = await _until_disconnect(events.get(), request)
@@ -172,7 +206,7 @@ async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, 
         return Response(status_code=499)   # nginx's "client closed request": nobody reads it
     if failed is not None:
         shared.metrics.request("failed")
-        return _failure(failed).response()
+        return _error_response(request, _failure(failed))
     shared.metrics.request("ok")
     return JSONResponse(choices.body().model_dump(mode="json"))
 
@@ -221,7 +255,7 @@ async def _stream(shared: ServerState, loaded: LoadedModel, ids: list, events: a
             if isinstance(item, LlogosError):
                 done = True
                 shared.metrics.request("failed")
-                yield sse(_failure(item).body())
+                yield choices.error(_failure(item))
                 return
             if item.token is not None and (chunk := choices.token(item.id, item.token)) is not None:
                 yield chunk
@@ -230,7 +264,6 @@ async def _stream(shared: ServerState, loaded: LoadedModel, ids: list, events: a
                     yield chunk
                 if choices.done:
                     done = True
-                    yield DONE
                     shared.metrics.request("ok")
                     return
     finally:

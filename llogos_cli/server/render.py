@@ -18,6 +18,7 @@ from llogos_cli.engine.reasoning import Reasoning, Split
 from llogos_cli.server import request_log
 from llogos_cli.server import schemas
 from llogos_cli.server import tool_calls
+from llogos_cli.server.errors import ApiError
 
 FINISH = {"eos": "stop", "stop-string": "stop", "limit": "length"}
 DONE = b"data: [DONE]\n\n"
@@ -42,6 +43,8 @@ class Envelope:
     parallel_tool_calls: bool = True
     reasoning: Reasoning | None = None   # a chat reply's reasoning goes to reasoning_content
     return_tokens: bool = False        # each choice, and each chunk, carries its token ids
+    stops: tuple[str, ...] = ()        # the client's stop strings, for APIs that name the one that ended a reply
+    prompt_n: int = 0                  # the prompt's tokens, for APIs that tell them before the reply
     created: int = field(default_factory=lambda: int(time.time()))
 
     def sse(self, chunk: BaseModel) -> bytes:
@@ -51,6 +54,12 @@ class Envelope:
 
 class _Renderer:
     """One choice's tokens and result."""
+
+    END = (DONE,)   # what a stream sends once every choice has finished
+
+    def error_event(self, e: ApiError) -> bytes:
+        """A failure after a stream has begun, as this API's clients read it."""
+        return sse(e.body())
 
     def __init__(self, envelope: Envelope, index: int = 0):
         self.envelope, self.index = envelope, index
@@ -263,7 +272,11 @@ class Choices:
             usage = self.usage()
             if self.envelope.include_usage:
                 chunks.append(self.envelope.sse(self._kind.usage_chunk(self.envelope, usage)))
+            chunks += self._kind.END
         return chunks
+
+    def error(self, e: ApiError) -> bytes:
+        return self._renderers[0].error_event(e)
 
     def add(self, result: Result) -> None:
         """A choice's result, for a response sent whole."""

@@ -1,0 +1,155 @@
+"""`llogos serve`'s OpenAI Responses API through the official openai client (client.responses):
+input as text or items, instructions, the stream's typed events in order with their sequence
+numbers, function tools forced and auto with arguments valid for their schema, a function call's
+output round-tripped by call_id, structured output by text.format, an incomplete reply, hosted
+tools skipped, and errors in OpenAI's shape."""
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from tests.test_cli import env  # noqa: F401  (env is a fixture)
+from tests.test_server import Server
+from tests.test_server_tools import PERSON, QWEN_TOOLS
+
+openai = pytest.importorskip("openai")
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                           "unit": {"enum": ["celsius", "fahrenheit"]}},
+                          "required": ["city", "unit"], "additionalProperties": False}}
+ASK = "What is the weather like in Paris?"
+
+
+@pytest.fixture(scope="module")
+def smol(env, tmp_path_factory):
+    """SmolLM2 with a tool-calling (Hermes-style) template."""
+    server = Server(env, tmp_path_factory.mktemp("responses") / "log", "-m", "smollm2-135m", "-np", "2", "-c", "1024",
+                    "--chat-template-file", str(QWEN_TOOLS))
+    yield server
+    server.stop()
+    log = server.log.read_text()
+    assert server.proc.returncode == 0 and "Traceback" not in log, log
+
+
+def create(smol, **kw):
+    return smol.client().responses.create(**{"model": "smollm2-135m", "max_output_tokens": 12, "temperature": 0, **kw})
+
+
+def events(response: httpx.Response) -> list[tuple[str, dict]]:
+    """Each SSE event's name and data, checking that the data's type is the event's name."""
+    out = []
+    for raw in response.text.removesuffix("\n\n").split("\n\n"):
+        name_line, data_line = raw.split("\n")
+        name, data = name_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: "))
+        assert name_line.startswith("event: ") and data["type"] == name, raw
+        out.append((name, data))
+    return out
+
+
+def test_a_response_with_its_output_message_and_usage(smol):
+    done = create(smol, input="Say hi to Ada.", instructions="Be brief.", reasoning={"effort": "low"}, store=False)
+    assert done.id.startswith("resp_") and done.object == "response" and done.model == "smollm2-135m"
+    assert done.status in ("completed", "incomplete") and [o.type for o in done.output] == ["message"]
+    message = done.output[0]
+    assert message.role == "assistant" and message.content[0].type == "output_text" and done.output_text
+    assert 0 < done.usage.output_tokens <= 12 and done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
+    if done.status == "incomplete":
+        assert done.incomplete_details.reason == "max_output_tokens" and done.usage.output_tokens == 12
+    items = create(smol, instructions="Be brief.", input=[{"role": "user", "content": "Say hi to Ada."}])
+    parts = create(smol, instructions="Be brief.",
+                   input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hi to Ada."}]}])
+    assert items.output_text == parts.output_text == done.output_text
+    assert items.usage.input_tokens == parts.usage.input_tokens == done.usage.input_tokens
+    assert parts.usage.input_tokens_details.cached_tokens > 0   # the same prompt again
+    longer = create(smol, input="Say hi to Ada.", instructions="Be brief and kind, please.", max_output_tokens=1)
+    assert longer.usage.input_tokens > done.usage.input_tokens   # the instructions are in the prompt
+
+
+def test_the_stream_sends_typed_events_in_order_and_agrees_with_the_whole_reply(smol):
+    whole = create(smol, input="Say hi to Ada.")
+    r = smol.post("/v1/responses", {"input": "Say hi to Ada.", "max_output_tokens": 12, "temperature": 0, "stream": True})
+    sent = events(r)
+    names = [name for name, _ in sent]
+    assert [d["sequence_number"] for _, d in sent] == list(range(len(sent)))
+    assert names[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert set(names[4:-4]) == {"response.output_text.delta"}
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    final = sent[-1][1]["response"]
+    assert final["status"] == whole.status
+    assert "".join(d["delta"] for name, d in sent if name.endswith(".delta")) == whole.output_text
+    assert final["output"][0]["content"][0]["text"] == whole.output_text and final["usage"]["output_tokens"] == \
+        whole.usage.output_tokens
+    with smol.client().responses.stream(model="m", input="Say hi to Ada.", max_output_tokens=12, temperature=0) as s:
+        text = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+        assert text == whole.output_text and s.get_final_response().output_text == whole.output_text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}], ids=["required", "named"])
+def test_a_forced_function_gives_a_call_valid_for_its_schema(smol, stream, choice):
+    kw = dict(input=ASK, tools=[WEATHER, {"type": "web_search"}], tool_choice=choice, max_output_tokens=60)
+    if stream:
+        with smol.client().responses.stream(model="m", temperature=0, **kw) as s:
+            done = s.get_final_response()
+    else:
+        done = create(smol, **kw)
+    assert done.status == "completed" and [o.type for o in done.output] == ["function_call"]
+    call = done.output[0]
+    assert call.name == "get_weather" and call.call_id.startswith("call_") and call.id.startswith("fc_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+
+
+def test_a_streamed_call_has_its_argument_events(smol):
+    r = smol.post("/v1/responses", {"input": ASK, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
+                                    "stream": True})
+    names = [name for name, _ in events(r)]
+    assert names == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"]
+
+
+def test_auto_may_call_and_a_call_output_continues_the_conversation(smol):
+    auto = create(smol, input=ASK, tools=[WEATHER], max_output_tokens=60)
+    calls = [o for o in auto.output if o.type == "function_call"]
+    if calls:
+        jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
+    else:
+        assert auto.output_text
+    call = create(smol, input=ASK, tools=[WEATHER], tool_choice="required", max_output_tokens=60).output[0]
+    turn = [{"role": "user", "content": ASK},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees, clear sky"}]
+    answer = create(smol, input=turn, tools=[WEATHER], tool_choice="none", max_output_tokens=20)
+    assert answer.output_text and not any(o.type == "function_call" for o in answer.output)
+    plain = create(smol, input=ASK, tools=[WEATHER], tool_choice="none", max_output_tokens=1)
+    assert answer.usage.input_tokens > plain.usage.input_tokens + 10   # the call and its output are in the prompt
+
+
+def test_text_format_json_schema_holds_the_output_to_it(smol):
+    done = create(smol, input="Alice is 34. Give her name and age as JSON.", max_output_tokens=60,
+                  text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}})
+    jsonschema.validate(json.loads(done.output_text), PERSON)
+
+
+@pytest.mark.parametrize("body, param, fragment", [
+    ({"input": "hi", "previous_response_id": "resp_123"}, "previous_response_id", "previous_response_id"),
+    ({"input": []}, "input", "input"),
+    ({"input": [{"role": "wizard", "content": "hi"}]}, "input", "role"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input_image"),
+    ({"input": "hi", "max_output_tokens": "5"}, "max_output_tokens", "max_output_tokens"),
+    ({"input": "hi", "tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"input": "hi", "max_output_tokens": 5000}, "max_tokens", "does not fit"),
+])
+def test_bad_requests_are_openai_400s_naming_the_problem(smol, body, param, fragment):
+    r = smol.post("/v1/responses", body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and fragment in error["message"] and "\n" not in error["message"]
+    assert (error["param"] or param).startswith(param)
+    with pytest.raises(openai.BadRequestError):
+        smol.client().responses.create(model="m", **body)
