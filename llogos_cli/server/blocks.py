@@ -58,7 +58,8 @@ class BlockRenderer(ChatRenderer):
         self._result = result
         return super().last(result)
 
-    def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None) -> bytes:
+    def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None, tokens=None,
+               timings=None) -> bytes:
         out = []
         for kind, text in ((REASONING, delta.reasoning_content), (TEXT, delta.content)):
             if text:
