@@ -252,8 +252,6 @@ def test_generate_with_a_draft_model(env):
     drafted = llogos(env, *args, "-md", str(need(FIXTURES / "tiny-llama-q8_0.gguf")), "--draft-p-min", "0", "--stats")
     assert drafted.returncode == 0, drafted.stderr
     assert drafted.stdout == plain.stdout and "draft acceptance" in drafted.stderr
-    assert_one_line_error(llogos(env, "batch", "-m", str(need(FIXTURES / "tiny-llama-f32.gguf")), "-md", "x",
-                                 stdin="hello\n"), "draft model")
 
 
 def test_the_cuda_backend_runs_the_speculative_step(monkeypatch):

@@ -10,7 +10,7 @@ import click
 
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import batch_options, model_options, reasoning_option, sampling_options, template_options
-from llogos_cli.cli.spec_options import no_draft_model, speculation_options
+from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
@@ -65,7 +65,6 @@ def batch(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
     """Run many prompts with up to -np at once; one JSON result per prompt."""
     if ray is None and (workers or cpus_per_worker):
         raise LlogosError("--workers and --cpus-per-worker size a Ray run: add --ray")
-    no_draft_model(speculation, "batch")
     spec = JobSpec(model, sampling, template, parallel, batch_size, n_predict, tuple(stop), ignore_eos, logprobs,
                    split_reasoning, speculation)
     out = Output(output, resume, overwrite, ordered)

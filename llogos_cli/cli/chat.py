@@ -16,12 +16,13 @@ from llogos_cli.cli.options import (
     template_options,
 )
 from llogos_cli.cli.repl import Repl, ReplyOutput, stream
-from llogos_cli.cli.spec_options import load_draft_model, speculation_options
+from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.cli.text_input import read_file, read_stdin, unescape
 from llogos_cli.console import err, notice, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.chat import Chat
 from llogos_cli.engine.conversation import Message, TemplateChoice, read_messages, with_system
+from llogos_cli.engine.draft_model import load_draft_model
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.errors import LlogosError

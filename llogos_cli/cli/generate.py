@@ -20,12 +20,13 @@ from llogos_cli.cli.options import (
     template_options,
 )
 from llogos_cli.cli.report import print_stats
-from llogos_cli.cli.spec_options import load_draft_model, speculation_options
+from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.cli.text_input import unescape
 from llogos_cli.console import err
 from llogos_cli.engine.batch import Request, check_fits
 from llogos_cli.engine.conversation import Message, TemplateChoice
 from llogos_cli.engine.generation import Generation
+from llogos_cli.engine.draft_model import load_draft_model
 from llogos_cli.engine.sampling import SamplingOverrides, draw_seed
 from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.engine.stops import StopCriteria

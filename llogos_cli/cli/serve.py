@@ -14,10 +14,11 @@ import click
 
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import batch_options, model_options, reasoning_option, sampling_options, template_options
-from llogos_cli.cli.spec_options import no_draft_model, speculation_options
+from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import TemplateChoice
+from llogos_cli.engine.draft_model import load_draft_model
 from llogos_cli.engine.prefix_cache import CACHE_RAM_MIB
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
@@ -81,7 +82,6 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
                           "pip install 'llogos[server]'") from None
 
     keys = api_keys(api_key, api_key_file)
-    no_draft_model(speculation, "serve")
     mf = model.open(generates=False)   # an encoder serves embeddings alone
     tok = mf.tokenizer
     params = sampling.params(mf.sampling_defaults)
@@ -103,7 +103,8 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
             m = model.load(mf, n_ctx, parallel)
             engine = BatchEngine(m.model, tok, parallel, n_ctx, model.cache_types, batch_size,
                                  cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt,
-                                 speculation=speculation)
+                                 speculation=speculation,
+                                 draft_model=load_draft_model(speculation, model, m, n_ctx, parallel))
         except (LlogosError, MemoryError) as e:
             failure.append(e)
             app.state.server.should_exit = True

@@ -3,11 +3,7 @@
 import click
 
 from llogos_cli.cli.options import _grouped
-from llogos_cli.engine.draft_model import check_vocabulary
 from llogos_cli.engine.speculation import SPEC_TYPES, SpecParams
-from llogos_cli.errors import LlogosError
-from llogos_cli.model.forward import Model
-from llogos_cli.model.loader import LoadOptions, Loaded, load, open_model
 
 _DEFAULTS = SpecParams()
 
@@ -30,19 +26,3 @@ _SPECULATION = [
 ]
 
 speculation_options = _grouped(_SPECULATION, SpecParams, "speculation")
-
-
-def no_draft_model(speculation: SpecParams, command: str) -> None:
-    """Refuse -md where the engine runs many rows (a draft model drafts for one sequence's commands)."""
-    if speculation.spec_draft_model is not None:
-        raise LlogosError(f"a draft model (-md) drafts for generate and chat, not {command}: "
-                          "use --spec-type ngram-simple")
-
-
-def load_draft_model(speculation: SpecParams, options: LoadOptions, target: Loaded, n_ctx: int) -> Model | None:
-    """The -md model on the target's backend, its vocabulary checked against the target's; None without -md."""
-    if speculation.spec_draft_model is None:
-        return None
-    mf = open_model(speculation.spec_draft_model)
-    check_vocabulary(target.tokenizer, mf.tokenizer)
-    return load(mf, target.model.backend.name, options.cpu_weights, n_ctx, options.cache_types).model

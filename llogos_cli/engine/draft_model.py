@@ -1,6 +1,7 @@
 """Drafts from a smaller model of the same vocabulary (llama.cpp's -md), for speculative decoding.
 
-The draft model has a cache of its own, a slot for each of the engine's, and holds in each the
+The draft model has a cache of its own, a slot for each of the engine's (a batch's rows and a
+server's slots draft in turn, each in its slot), and holds in each the
 tokens it has evaluated there. Before a row's step it evaluates the row's tokens past the longest
 run it already holds that the row's tokens begin with (what the target kept of its last draft is
 reused, the rest written over), then drafts greedily, one token a pass, until it has the tokens
@@ -13,6 +14,8 @@ import numpy as np
 from llogos_cli.engine.speculation import SpecParams, Speculator
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.batch import Batch
+from llogos_cli.model.forward import Model
+from llogos_cli.model.loader import LoadOptions, Loaded, load, open_model
 
 
 class DraftModel(Speculator):
@@ -52,6 +55,17 @@ class DraftModel(Speculator):
         row = self.model.backend.to_host(logits)[0].astype(np.float64)
         e = np.exp(row - row.max())
         return e / e.sum()
+
+
+def load_draft_model(params: SpecParams, options: LoadOptions, target: Loaded, n_ctx: int,
+                     n_slots: int = 1) -> Model | None:
+    """The -md model on the target's backend, its vocabulary checked against the target's, sized for
+    n_slots caches of n_ctx (the memory guard counts them); None without -md."""
+    if params.spec_draft_model is None:
+        return None
+    mf = open_model(params.spec_draft_model)
+    check_vocabulary(target.tokenizer, mf.tokenizer)
+    return load(mf, target.model.backend.name, options.cpu_weights, n_ctx, options.cache_types, n_slots).model
 
 
 def check_vocabulary(target, draft) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import ChatFormat, TemplateChoice
+from llogos_cli.engine.draft_model import load_draft_model
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.engine.stops import StopCriteria
@@ -52,6 +53,7 @@ def set_up(spec: JobSpec, seed: int) -> BatchSetup:
     n_ctx = spec.model.n_ctx(mf)
     m = spec.model.load(mf, n_ctx, spec.parallel)
     engine = BatchEngine(m.model, mf.tokenizer, spec.parallel, n_ctx, spec.model.cache_types, spec.batch_size,
-                         speculation=spec.speculation)
+                         speculation=spec.speculation,
+                         draft_model=load_draft_model(spec.speculation, spec.model, m, n_ctx, spec.parallel))
     where = f"{spec.parallel} slots of {n_ctx} tokens on {m.model.backend.name}"
     return BatchSetup(mf.tokenizer, chat, defaults, engine, where)
