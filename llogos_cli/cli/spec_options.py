@@ -10,18 +10,25 @@ _DEFAULTS = SpecParams()
 _SPECULATION = [
     click.option("--spec-type", type=click.Choice(SPEC_TYPES), default=_DEFAULTS.spec_type, show_default=True,
                  help="Speculative decoding: ngram-simple drafts the tokens that followed the last n tokens' "
-                      "earlier occurrence (prompt or output) and checks them in one pass; the output is unchanged."),
+                      "earlier occurrence (prompt or output), ngram-mod chains through a table of every request's "
+                      "n-grams; the model checks a draft in one pass and the output is unchanged."),
     click.option("--spec-ngram-simple-size-n", type=click.IntRange(min=1), default=_DEFAULTS.spec_ngram_simple_size_n,
                  show_default=True, help="ngram-simple: how many of the last tokens are looked up."),
     click.option("--spec-ngram-simple-size-m", type=click.IntRange(min=1), default=_DEFAULTS.spec_ngram_simple_size_m,
                  show_default=True, help="ngram-simple: how many tokens after the match are drafted, at most."),
-    click.option("--draft-max", "--draft", "--draft-n", "draft_max", type=click.IntRange(min=0),
+    click.option("--spec-ngram-mod-n-match", type=click.IntRange(1, 1024), default=_DEFAULTS.spec_ngram_mod_n_match,
+                 show_default=True, help="ngram-mod: how many of the last tokens are hashed to find the next."),
+    click.option("--spec-ngram-mod-n-min", type=click.IntRange(0, 1024), default=_DEFAULTS.spec_ngram_mod_n_min,
+                 show_default=True, help="ngram-mod: a shorter draft is not tried."),
+    click.option("--spec-ngram-mod-n-max", type=click.IntRange(0, 1024), default=_DEFAULTS.spec_ngram_mod_n_max,
+                 show_default=True, help="ngram-mod: tokens drafted a step, at most (instead of --draft-max)."),
+    click.option("--draft-max", "--spec-draft-n-max", "--draft", "--draft-n", "draft_max", type=click.IntRange(min=0),
                  default=_DEFAULTS.draft_max, show_default=True, help="Tokens drafted a step, at most."),
-    click.option("--draft-min", "--draft-n-min", "draft_min", type=click.IntRange(min=0),
+    click.option("--draft-min", "--spec-draft-n-min", "--draft-n-min", "draft_min", type=click.IntRange(min=0),
                  default=_DEFAULTS.draft_min, show_default=True, help="A shorter draft is not tried."),
     click.option("-md", "--spec-draft-model", "--model-draft", "spec_draft_model", metavar="NAME|PATH",
-                 help="Draft with this smaller model of the same vocabulary (generate and chat)."),
-    click.option("--draft-p-min", type=float, default=_DEFAULTS.draft_p_min, show_default=True,
+                 help="Draft with this smaller model of the same vocabulary."),
+    click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=float, default=_DEFAULTS.draft_p_min, show_default=True,
                  help="The draft model stops drafting when its best token is less likely than this."),
 ]
 

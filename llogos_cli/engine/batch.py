@@ -29,6 +29,7 @@ from llogos_cli.engine.scheduler import Scheduler
 from llogos_cli.engine.speculation import Drafting, SpecParams, Speculator, verified
 from llogos_cli.engine.completion import Completion, Timings, Token
 from llogos_cli.engine.draft_model import DraftModel
+from llogos_cli.engine.ngram_mod import NgramMod
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.console import warn
 from llogos_cli.errors import LlogosError
@@ -280,7 +281,7 @@ class BatchEngine:
             row.n_cached = w.end + n_kept
             updates.append(Update(row.request.id, token, None))
         if draft:
-            row.drafting.kept(len(draft), n_kept)
+            self.speculator.kept(row, len(draft), n_kept)
         if row.completion.stop is not None:
             self.scheduler.finish(row)
             updates.append(Update(row.request.id, ended, row.result(now)))
@@ -326,7 +327,9 @@ def _speculator(params: SpecParams, draft_model: Model | None, recurrent: bool, 
     if recurrent:
         warn("speculative decoding is off: this model's recurrent layers cannot step back from a rejected draft")
         return None
-    return DraftModel(params, draft_model, n_slots, n_ctx) if draft_model is not None else Speculator(params)
+    if draft_model is not None:
+        return DraftModel(params, draft_model, n_slots, n_ctx)
+    return NgramMod(params) if params.spec_type == "ngram-mod" else Speculator(params)
 
 
 def _kv_pool_blocks(model: Model, cache_types: tuple[str | None, str | None], n_slots: int, n_ctx: int,

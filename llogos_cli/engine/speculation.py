@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from llogos_cli.errors import LlogosError
 
-SPEC_TYPES = ("none", "ngram-simple")   # llama.cpp's names (--spec-type)
+SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")   # llama.cpp's names (--spec-type)
 # After a draft of which nothing was kept, a row skips this many steps before drafting again, twice
 # as many after each further such draft, up to BACKOFF_MAX: drafts that do not pay cost a
 # verification pass of several tokens each.
@@ -40,6 +40,9 @@ class SpecParams:
     spec_type: str = "none"
     spec_ngram_simple_size_n: int = 12   # tokens looked up
     spec_ngram_simple_size_m: int = 48   # tokens copied after the match, at most
+    spec_ngram_mod_n_match: int = 24     # ngram-mod (engine/ngram_mod.py): tokens hashed to find the next
+    spec_ngram_mod_n_min: int = 48       # ngram-mod: a shorter draft is none
+    spec_ngram_mod_n_max: int = 64       # ngram-mod: tokens drafted a step, at most (instead of draft_max)
     draft_max: int = 16                  # tokens drafted a step, at most
     draft_min: int = 0                   # a shorter draft is not tried
     spec_draft_model: str | None = None  # a draft model's -m value: drafts with it instead (engine/draft_model.py)
@@ -50,6 +53,9 @@ class SpecParams:
             (self.spec_type in SPEC_TYPES, f"--spec-type must be one of {', '.join(SPEC_TYPES)}"),
             (self.spec_ngram_simple_size_n >= 1, "--spec-ngram-simple-size-n must be at least 1"),
             (self.spec_ngram_simple_size_m >= 1, "--spec-ngram-simple-size-m must be at least 1"),
+            (1 <= self.spec_ngram_mod_n_match <= 1024, "--spec-ngram-mod-n-match must be between 1 and 1024"),
+            (0 <= self.spec_ngram_mod_n_min <= self.spec_ngram_mod_n_max <= 1024,
+             "--spec-ngram-mod-n-min and --spec-ngram-mod-n-max must be 0 <= n-min <= n-max <= 1024"),
             (self.draft_max >= 0, "--draft-max must be 0 or more"),
             (0 <= self.draft_min <= self.draft_max, "--draft-min must be between 0 and --draft-max"),
             (0.0 <= self.draft_p_min <= 1.0, "--draft-p-min must be between 0 and 1"),
@@ -62,7 +68,8 @@ class SpecParams:
 
     @property
     def on(self) -> bool:
-        return (self.spec_type != "none" or self.spec_draft_model is not None) and self.draft_max > 0
+        most = self.spec_ngram_mod_n_max if self.spec_type == "ngram-mod" else self.draft_max
+        return (self.spec_type != "none" or self.spec_draft_model is not None) and most > 0
 
 
 @dataclass(slots=True)
@@ -72,6 +79,8 @@ class Drafting:
     n_accepted: int = 0
     wait: int = 0        # steps to skip before the next draft
     backoff: int = 0     # the wait after the next draft of which nothing is kept
+    indexed: int = 0     # ngram-mod: where the row's windows not yet in the shared table start (0: none are)
+    low: int = 0         # ngram-mod: drafts in a row that kept under a quarter of their tokens
 
     def kept(self, n_drafted: int, n_accepted: int) -> None:
         """Count what a step kept of a draft, and back off after a draft wholly rejected."""
@@ -120,9 +129,18 @@ class Speculator:
             return []
         n_predict = completion.criteria.n_predict
         limit = completion.room if n_predict < 0 else min(completion.room, n_predict)
-        n = min(p.draft_max, limit - len(completion.generated) - 1)
+        n = min(self.most, limit - len(completion.generated) - 1)
         tokens = self.propose(row, n) if n >= max(p.draft_min, 1) else []
         return tokens if len(tokens) >= max(p.draft_min, 1) else []
+
+    @property
+    def most(self) -> int:
+        """Tokens drafted a step, at most."""
+        return self.params.draft_max
+
+    def kept(self, row, n_drafted: int, n_accepted: int) -> None:
+        """What the row's step kept of its draft."""
+        row.drafting.kept(n_drafted, n_accepted)
 
     def propose(self, row, n: int) -> list[int]:
         """Up to n tokens that may follow the row's tokens."""
