@@ -50,10 +50,6 @@ class NgramMod(Speculator):
         self.used = 0
         self._lead = pow(_MUL, params.spec_ngram_mod_n_match - 1, 1 << 64)   # a window's first token's factor
 
-    @property
-    def most(self) -> int:
-        return self.params.spec_ngram_mod_n_max
-
     def propose(self, row, n: int) -> list[int]:
         p, state, tokens = self.params, row.drafting, row.tokens
         k = p.spec_ngram_mod_n_match

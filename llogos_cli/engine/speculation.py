@@ -42,8 +42,8 @@ class SpecParams:
     spec_ngram_simple_size_m: int = 48   # tokens copied after the match, at most
     spec_ngram_mod_n_match: int = 24     # ngram-mod (engine/ngram_mod.py): tokens hashed to find the next
     spec_ngram_mod_n_min: int = 48       # ngram-mod: a shorter draft is none
-    spec_ngram_mod_n_max: int = 64       # ngram-mod: tokens drafted a step, at most (instead of draft_max)
-    draft_max: int = 16                  # tokens drafted a step, at most
+    spec_ngram_mod_n_max: int = 64       # ngram-mod: tokens drafted a step, at most
+    draft_max: int = 16                  # the draft model's tokens drafted a step, at most
     draft_min: int = 0                   # a shorter draft is not tried
     spec_draft_model: str | None = None  # a draft model's -m value: drafts with it instead (engine/draft_model.py)
     draft_p_min: float = 0.75            # a draft model stops drafting below this probability of its best token
@@ -68,8 +68,16 @@ class SpecParams:
 
     @property
     def on(self) -> bool:
-        most = self.spec_ngram_mod_n_max if self.spec_type == "ngram-mod" else self.draft_max
-        return (self.spec_type != "none" or self.spec_draft_model is not None) and most > 0
+        return self.most > 0
+
+    @property
+    def most(self) -> int:
+        """Tokens drafted a step, at most: each kind's own limit, as in llama.cpp (--draft-max is the
+        draft model's)."""
+        if self.spec_draft_model is not None:
+            return self.draft_max
+        return {"ngram-simple": self.spec_ngram_simple_size_m, "ngram-mod": self.spec_ngram_mod_n_max}.get(
+            self.spec_type, 0)
 
 
 @dataclass(slots=True)
@@ -129,14 +137,9 @@ class Speculator:
             return []
         n_predict = completion.criteria.n_predict
         limit = completion.room if n_predict < 0 else min(completion.room, n_predict)
-        n = min(self.most, limit - len(completion.generated) - 1)
+        n = min(p.most, limit - len(completion.generated) - 1)
         tokens = self.propose(row, n) if n >= max(p.draft_min, 1) else []
         return tokens if len(tokens) >= max(p.draft_min, 1) else []
-
-    @property
-    def most(self) -> int:
-        """Tokens drafted a step, at most."""
-        return self.params.draft_max
 
     def kept(self, row, n_drafted: int, n_accepted: int) -> None:
         """What the row's step kept of its draft."""
