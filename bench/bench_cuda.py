@@ -301,7 +301,11 @@ def main() -> None:
     products = bench_products(bandwidth) if args.products else []
     results = []
     for name in args.models.split(","):
-        path = model_file(SPECS[name], args.dir)
+        if SPECS[name].experts:   # stacked experts: written a tensor at a time
+            from bench.synthetic_gguf import write_model
+            path = write_model(name, args.dir)
+        else:
+            path = model_file(SPECS[name], args.dir)
         reference = None
         if args.llama_cpp:  # first, while llogos holds no GPU memory
             try:

@@ -6,11 +6,23 @@
 #                                      (../shared/gpu) and the test fixtures into the ignored .gpu/,
 #                                      gguf's wheel into .whl/ (bench/gpu_wheels.sh), and the SmolLM2
 #                                      GGUF in three parts into .gpu-m1/, .gpu-m2/ and .gpu-m3/
+#   bench/gpu_session.sh dry-run STAGE...
+#                                      here, before each use: the stages' steps printed, not run, after
+#                                      checking what they need (scripts that parse their options, the
+#                                      GPU tests collected, the stage names); exit 0 when all is there
 #   bench/gpu_session.sh STAGE...      on the GPU machine, the stages in turn:
 #       tests        tests/test_cuda_gpu.py (the SmolLM2 tests skip until its three parts are there)
 #       bench-small  the product kernels alone per weight type; smollm2-135m, llama-1b, qwen35-0.8b
 #                    (SMALL_MODELS=a,b in that order instead)
 #       bench-8b     llama-8b
+#       bench-moe    the mixture-of-experts shapes (MOE_MODELS=a,b; default gpt-oss-20b,qwen3-30b-a3b),
+#                    written by bench/synthetic_gguf.py on the machine (~12-14 GB each)
+#       longctx      a prompt of 8192 tokens and decode at depth 8192 (bench/bench_longctx.py), beside
+#                    llama-bench -p 8192 -n 0 and -p 0 -n 32 -d 8192, -fa 1 (LONG_MODELS; default
+#                    llama-1b,llama-8b)
+#       nsys         one decode step (graph replay and eager) of each NSYS_MODELS shape (default
+#                    smollm2-135m,llama-1b) under Nsight Systems (bench/profile_decode.py): its
+#                    per-kernel summary in nsys-<shape>.txt
 #       bench-float  llogos alone with float32 activations in every product (LLOGOS_CUDA_PRODUCTS=float):
 #                    the same-machine baseline for the 8-bit ones; FLOAT_MODELS=a,b (default llama-8b,llama-1b)
 #       real         the SmolLM2 tests of tests/test_cuda_gpu.py, once its parts are assembled
@@ -44,6 +56,12 @@ PARTS_DIR=/tmp/llogos-parts     # the SmolLM2 GGUF's parts, likewise
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$OUT"
 
+DRY_RUN=0
+if [[ ${1:-} == dry-run ]]; then
+    DRY_RUN=1
+    shift
+fi
+
 log() { echo "[gpu_session +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/steps.log" >&2; }
 
 # step NAME COMMAND...: run COMMAND within what is left of the budget; log its status and time.
@@ -53,6 +71,10 @@ step() {
     if (( left < 20 )); then
         log "$name: skipped, ${left} s of the budget left"
         return 124
+    fi
+    if (( DRY_RUN )); then
+        log "$name: would run: $*"
+        return 0
     fi
     t0=$(date +%s)
     timeout "$left" "$@"
@@ -104,7 +126,37 @@ stash_model() {
     log "setup: $have of 3 SmolLM2 parts here"
 }
 
+# What the stages need here, checked without a GPU: the scripts parse their options, the GPU tests
+# collect, the files carried for a session are in place (a warning only: prepare makes them).
+dry_run_checks() {
+    local python=${DRY_PYTHON:-.venv/bin/python} script failed=0
+    [[ -x $python ]] || python=python3
+    for script in bench_cuda bench_longctx launch_budget; do
+        if ! PYTHONPATH=$PWD "$python" "bench/$script.py" --help >/dev/null 2>"$OUT/dry-run.log"; then
+            log "dry-run: bench/$script.py --help fails (dry-run.log)"
+            failed=1
+        fi
+    done
+    # profile_decode.py takes a shape, not options: it must at least import what it uses.
+    if ! (cd bench && PYTHONPATH=$PWD/.. "$python" -c 'import profile_decode' 2>>"$OUT/dry-run.log"); then
+        log "dry-run: bench/profile_decode.py does not import (dry-run.log)"
+        failed=1
+    fi
+    if ! PYTHONPATH=$PWD "$python" -m pytest -q --collect-only tests/test_cuda_gpu.py >>"$OUT/dry-run.log" 2>&1; then
+        log "dry-run: tests/test_cuda_gpu.py does not collect (dry-run.log)"
+        failed=1
+    fi
+    ls .whl/*.whl >/dev/null 2>&1 && [[ -f .gpu/llama-env.sh ]] ||
+        log "dry-run: .gpu/ or .whl/ not here yet: run 'bench/gpu_session.sh prepare' before the session"
+    (( failed )) && exit 1
+    log "dry-run: checks passed"
+}
+
 setup() {
+    if (( DRY_RUN )); then
+        dry_run_checks
+        return
+    fi
     ls .whl/*.whl >/dev/null 2>&1 && [[ -f .gpu/llama-env.sh ]] ||
         { log "setup: .gpu/ or .whl/ missing: run 'bench/gpu_session.sh prepare' here and carry both"; exit 2; }
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl ||
@@ -135,20 +187,45 @@ tests() {  # tests NAME [PYTEST ARGS]
 bench() {  # bench NAME MODELS [BENCH_CUDA ARGS]
     local name=$1 models=$2
     shift 2
-    # shellcheck disable=SC1091
-    source .gpu/llama-env.sh   # unpacks llama.cpp's tools into /tmp/llama-cuda, puts them on PATH
+    llama_tools
     step "bench-$name" "$PYTHON" bench/bench_cuda.py --models "$models" --llama-cpp --dir "$MODELS_DIR" \
         --json "$OUT/bench-$name.json" "$@" 2>&1 | tee "$OUT/bench-$name.log"
 }
 
-usage="usage: bench/gpu_session.sh prepare | STAGE... (tests, bench-small, bench-8b, bench-float, real)"
+llama_tools() {
+    # shellcheck disable=SC1091
+    (( DRY_RUN )) || source .gpu/llama-env.sh   # unpacks llama.cpp's tools into /tmp/llama-cuda, puts them on PATH
+}
+
+longctx() {
+    llama_tools
+    step longctx "$PYTHON" bench/bench_longctx.py --models "${LONG_MODELS:-llama-1b,llama-8b}" --llama-cpp \
+        --dir "$MODELS_DIR" --json "$OUT/longctx.json" 2>&1 | tee "$OUT/longctx.log"
+}
+
+nsys_decode() {
+    local model
+    if (( ! DRY_RUN )) && ! command -v nsys >/dev/null; then
+        log "nsys: Nsight Systems is not on this machine's PATH: no capture"
+        return 127
+    fi
+    for model in ${NSYS_MODELS//,/ }; do
+        step "nsys-$model" nsys profile --capture-range=cudaProfilerApi --force-overwrite true \
+            -o "/tmp/llogos-nsys-$model" "$PYTHON" bench/profile_decode.py "$model" "$MODELS_DIR" &&
+            step "nsys-stats-$model" nsys stats --report cuda_gpu_kern_sum,cuda_api_sum --format csv \
+                "/tmp/llogos-nsys-$model.nsys-rep" >"$OUT/nsys-$model.txt" 2>&1
+    done
+}
+
+STAGES="tests|bench-small|bench-8b|bench-moe|bench-float|longctx|nsys|real"
+usage="usage: bench/gpu_session.sh prepare | [dry-run] STAGE... (${STAGES//|/, })"
 (( $# )) || { echo "$usage" >&2; exit 2; }
 if [[ $1 == prepare ]]; then
     prepare
     exit
 fi
 for stage; do
-    [[ $stage =~ ^(tests|bench-small|bench-8b|bench-float|real)$ ]] || { echo "$usage" >&2; exit 2; }
+    [[ $stage =~ ^($STAGES)$ ]] || { echo "$usage" >&2; exit 2; }
 done
 setup
 for stage; do
@@ -156,8 +233,11 @@ for stage; do
         tests) tests tests -k "not smollm2_" ;;
         bench-small) bench small "${SMALL_MODELS:-smollm2-135m,llama-1b,qwen35-0.8b}" --products ;;
         bench-8b) bench 8b llama-8b ;;
+        bench-moe) bench moe "${MOE_MODELS:-gpt-oss-20b,qwen3-30b-a3b}" --batch-sizes 1,16 ;;
         bench-float) LLOGOS_CUDA_PRODUCTS=float step bench-float "$PYTHON" bench/bench_cuda.py --models "${FLOAT_MODELS:-llama-8b,llama-1b}" \
                          --dir "$MODELS_DIR" --batch-sizes 1 --json "$OUT/bench-float.json" 2>&1 | tee "$OUT/bench-float.log" ;;
+        longctx) longctx ;;
+        nsys) NSYS_MODELS=${NSYS_MODELS:-smollm2-135m,llama-1b} nsys_decode ;;
         real) tests real -k "smollm2_" ;;
     esac
 done

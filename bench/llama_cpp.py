@@ -35,6 +35,15 @@ def single(path, n_prompt: int, n_gen: int, n_first: int, reps: int = 3) -> dict
             "ttft_ms": pick[(n_first, 0)]["avg_ns"] / 1e6, "build": rows[0].get("build_commit")}
 
 
+def long_context(path, depth: int, n_gen: int, reps: int = 2) -> dict:
+    """{"prefill_tok_s", "decode_tok_s"}: a depth-token prompt (llama-bench -p DEPTH -n 0) and n_gen
+    tokens decoded after depth cached ones (-p 0 -n N_GEN -d DEPTH), flash attention on."""
+    base = ["llama-bench", "-m", str(path), "-ngl", "99", "-fa", "1", "-r", str(reps), "-o", "json"]
+    prefill = json.loads(_run([*base, "-p", str(depth), "-n", "0"])[0])[0]
+    decode = json.loads(_run([*base, "-p", "0", "-n", str(n_gen), "-d", str(depth)])[0])[0]
+    return {"prefill_tok_s": prefill["avg_ts"], "decode_tok_s": decode["avg_ts"], "build": prefill.get("build_commit")}
+
+
 def batched(path, n_prompt: int, n_gen: int, batch_sizes: list[int]) -> list[dict]:
     """Per batch size B: {"B", "prefill_tok_s" (B*PP/T_PP), "decode_tok_s" (B*TG/T_TG)}."""
     n_ctx = max(batch_sizes) * (n_prompt + n_gen) + 16

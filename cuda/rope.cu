@@ -1,12 +1,8 @@
-// Rotary position embedding of x (T, H, D): the first `dims` features of each head turn by
-// pos[t] * freq_scale * base^(-2i/dims) / factors[i] in pairs (factors: Llama 3's rope_freqs or
-// Phi-3's long-context factors, all ones for other models) and are scaled by attn_factor (Phi-3's
-// long-context RoPE; 1 otherwise); the rest are copied. Llama pairs adjacent
-// features (2i, 2i+1) ("norm"); NeoX-style models (Qwen, Gemma) pair i with i + dims/2.
+// Rotary position embedding of x (T, H, D) by the positions pos (rope.cuh has the turn): the first
+// `dims` features of each head rotate in pairs and the rest are copied.
 //
-// One thread per pair. Angles are computed in double: at positions in the thousands a float
-// angle is off by ~1e-4 radians, and rotary embedding is cheap enough to afford the precision.
-#include "common.cuh"
+// One thread per pair.
+#include "rope.cuh"
 
 template <bool NEOX>
 __device__ void rope(const float* x, float* y, const int* pos, const float* factors, int T, int H, int D,
@@ -23,13 +19,11 @@ __device__ void rope(const float* x, float* y, const int* pos, const float* fact
         y[head + e + 1] = x[head + e + 1];
         return;
     }
-    const int a = NEOX ? pair : 2 * pair, b = NEOX ? pair + dims / 2 : 2 * pair + 1;
-    const double angle =
-        (double)pos[t] * ((double)freq_scale * pow((double)base, -(double)(2 * pair) / dims)) / factors[pair];
-    const float c = (float)cos(angle) * attn_factor, s = (float)sin(angle) * attn_factor;
+    const int a = rope_first<NEOX>(pair, dims), b = rope_second<NEOX>(pair, dims);
+    const rope_turn r = rope_angle(pair, pos[t], factors, dims, base, freq_scale, attn_factor);
     const float xa = x[head + a], xb = x[head + b];
-    y[head + a] = xa * c - xb * s;
-    y[head + b] = xa * s + xb * c;
+    y[head + a] = xa * r.c - xb * r.s;
+    y[head + b] = xa * r.s + xb * r.c;
 }
 
 extern "C" __global__ void rope_norm_f32(const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos,

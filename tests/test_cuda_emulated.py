@@ -121,6 +121,27 @@ def test_decode_rows_take_one_launch_per_op(backend):
     assert "softmax_lengths_f32" not in backend.kernels.launched
 
 
+def test_rotated_layers_turn_and_store_in_one_launch(backend):
+    """RoPE's layers turn q and k and store k and v in one rope_store launch a layer, not rope and kv_store."""
+    _, gpu = model_pair("tiny-llama-q8_0", backend)
+    backend.kernels.launched.clear()
+    gpu.forward_seq(gpu.new_context(16, "f16", "f16"), np.arange(3, dtype=np.int32))
+    assert backend.kernels.launched.count("rope_store_norm_f16_f16") == gpu.cfg.n_layer
+    assert not {"rope_norm_f32", "kv_store_f16"} & set(backend.kernels.launched)
+
+
+def test_cache_types_without_a_rope_store_kernel_rotate_and_store_apart(backend, monkeypatch):
+    from llogos_cli.backends.cuda import cuda_rope_store
+    monkeypatch.setattr(cuda_rope_store, "STORE_TYPES", ())
+    cpu, gpu = model_pair("tiny-llama-q8_0", backend)
+    ids = np.arange(5, dtype=np.int32) * 3
+    backend.kernels.launched.clear()
+    got = backend.to_host(gpu.forward_seq(gpu.new_context(16, "f16", "f16"), ids, all_logits=True))
+    assert {"rope_norm_f32", "kv_store_f16"} <= set(backend.kernels.launched)
+    assert not any(name.startswith("rope_store") for name in backend.kernels.launched)
+    assert relative(got, cpu.forward_seq(cpu.new_context(16, "f16", "f16"), ids, all_logits=True)) < 5e-4
+
+
 def test_batch_layout_splits_runs_and_groups_equal_ones(backend):
     # Padding rows repeat the scratch slot (5) at position 0: each is a run of its own.
     slots = np.array([3, 3, 3, 0, 1, 1, 1, 2, 5, 5], np.int32)

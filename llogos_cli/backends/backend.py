@@ -63,6 +63,9 @@ class Backend(Protocol):
     def block_tables(self, n_rows: int, max_blocks: int) -> Array: ...
     def write_block_table(self, tables: Array, row: int, blocks: list[int]) -> None: ...
     def kv_store(self, cache: KVCache, k: Array, v: Array, layout: Layout) -> None: ...
+    def rope_kv_store(self, cache: KVCache, q: Array, k: Array, v: Array, layout: Layout, dims: int, base: float,
+                      freq_scale: float, neox: bool, factors: Array | None = None,
+                      attn_factor: float = 1.0) -> Array: ...   # rope of q and k, kv_store: the turned q
     def attention(self, q: Array, cache: KVCache, layout: Layout, scale: float, window: int,
                   softcap: float = 0.0, sinks: Array | None = None, causal: bool = True) -> Array: ...   # (T, H, dv)
 

@@ -134,7 +134,7 @@ class Model:
             p = f"blk.{il}."
             h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
             h = (self._recurrent.block(b, c, w, p, h, cache.state[il], layout) if c.recurrent[il]
-                 else self._attention(il, p, h, batch.pos, cache.kv[il], layout, factors))  # (T, n_embd)
+                 else self._attention(il, p, h, cache.kv[il], layout, factors))  # (T, n_embd)
             x = self._residual(p + "post_attention_norm.weight", x, h)  # (T, n_embd)
             h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
             h = self._ffn(p, h)                                         # (T, n_embd)
@@ -150,7 +150,7 @@ class Model:
         x = self._layernorm("token_embd_norm", x)                       # (T, n_embd)
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            h = self._attention(il, p, x, batch.pos, cache.kv[il], layout, None)  # (T, n_embd)
+            h = self._attention(il, p, x, cache.kv[il], layout, None)  # (T, n_embd)
             x = self._layernorm(p + "attn_output_norm", b.add(x, h))   # (T, n_embd)
             h = self._linear(p + "ffn_down", b.gelu(self._linear(p + "ffn_up", x)))  # (T, n_embd)
             x = self._layernorm(p + "layer_output_norm", b.add(x, h))  # (T, n_embd)
@@ -202,7 +202,7 @@ class Model:
             return w["rope_freqs.weight"]
         return w.get("rope_factors_long.weight" if n_ctx > self.cfg.n_ctx_orig else "rope_factors_short.weight")
 
-    def _attention(self, il: int, p: str, x, pos: np.ndarray, kv, layout, factors):
+    def _attention(self, il: int, p: str, x, kv, layout, factors):
         c, b, w = self.cfg, self.backend, self.w
         T = x.shape[0]
         if c.fused_qkv:
@@ -229,9 +229,9 @@ class Model:
             rope = (c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors, c.rope_attn_factor)
             if self._yarn:
                 rope = (c.rope_dims, c.rope_base[il], 1.0, c.rope_neox, *self._yarn[il])
-            q = b.rope(q, pos, *rope)                     # (T, n_head, dk)
-            k = b.rope(k, pos, *rope)                     # (T, n_head_kv, dk)
-        b.kv_store(kv, k, v, layout)
+            q = b.rope_kv_store(kv, q, k, v, layout, *rope)   # (T, n_head, dk); k turned and stored, v stored
+        else:
+            b.kv_store(kv, k, v, layout)
         o = b.attention(q, kv, layout, c.attn_scale, c.window[il], c.attn_softcap,
                         w.get(p + "attn_sinks.weight"), c.causal)   # (T, n_head, dv)
         if c.attn_gate:

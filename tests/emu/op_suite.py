@@ -578,6 +578,33 @@ def test_attention_sinks(backend, runs):
         assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, window), want) > 1e-2
 
 
+@pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
+@pytest.mark.parametrize("neox, dims", [(False, 64), (True, 64), (True, 16)])
+def test_rope_kv_store(backend, type_k, type_v, neox, dims):
+    """The queries and keys turned and the keys and values stored in one launch, against the NumPy
+    backend's rope and kv_store: the queries within rope's bound, the stored rows within one
+    rounding step of the cache type (keys an f32 rounding apart can round to neighbouring steps)."""
+    rng = np.random.default_rng(dims + neox)
+    n_slots, n_ctx, n_kv, n_head, dk, dv = 5, 64, 2, 6, 64, 32
+    cpu_layout, layout = layouts(backend, [(2, 5, 1), (0, 29, 3), (3, 0, 1)])
+    n_tok = len(cpu_layout.pos)
+    q, k = (rng.standard_normal((n_tok, h, dk)).astype(np.float32) for h in (n_head, n_kv))
+    v = rng.standard_normal((n_tok, n_kv, dv)).astype(np.float32)
+    factors = rng.uniform(1.0, 8.0, dims // 2).astype(np.float32)
+    caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
+    turn = (dims, 1e6, 0.25, neox)
+    want = CPU.rope_kv_store(caches[0], q, k, v, cpu_layout, *turn, factors, 1.2)
+    xp = backend.xp
+    got = backend.rope_kv_store(caches[1], xp.asarray(q), xp.asarray(k), xp.asarray(v), layout, *turn,
+                                xp.asarray(factors), 1.2)
+    assert_close(host(backend, got), want, rtol=2e-6)
+    step = {"f32": 2e-6, "f16": 1e-3, "q8_0": 1 / 127}
+    for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
+        stored = host(backend, getattr(caches[1], name))
+        decoded = reference(stored.reshape(-1, stored.shape[-1]), {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}[cache_type])
+        assert_close(decoded.reshape(n_slots, n_kv, n_ctx, d), getattr(caches[0], name).astype(np.float32), rtol=step[cache_type])
+
+
 def test_kv_store_rejects_writes_outside_the_cache(backend):
     cache = backend.kv_cache(2, 8, 1, 32, 32, "f16", "f16")
     k = backend.xp.zeros((1, 1, 32), np.float32)

@@ -317,6 +317,15 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
             out[..., :dims].view(np.complex64)[...] *= turn
         return out
 
+    def rope_kv_store(self, cache, q: np.ndarray, k: np.ndarray, v: np.ndarray, layout, dims: int, base: float,
+                      freq_scale: float, neox: bool, factors: np.ndarray | None = None,
+                      attn_factor: float = 1.0) -> np.ndarray:
+        """rope of q and k at the layout's positions, then kv_store of k and v; -> the turned q."""
+        turn = (layout.pos, dims, base, freq_scale, neox, factors, attn_factor)
+        q, k = self.rope(q, *turn), self.rope(k, *turn)
+        self.kv_store(cache, k, v, layout)
+        return q
+
     def _rope_table(self, pos: np.ndarray, dims: int, base: float, freq_scale: float, factors, attn_factor: float):
         # Every layer of a forward pass rotates at the same positions: compute the table once.
         key = (pos.tobytes(), dims, base, freq_scale, None if factors is None else factors.tobytes(), attn_factor)

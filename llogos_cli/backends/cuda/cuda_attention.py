@@ -72,17 +72,23 @@ def _row_bytes(cache_type: str, d: int) -> int:
     return d // block_size * type_size
 
 
-def kv_store(k, cache: KVCache, keys, values, layout: Layout) -> None:
-    """Write keys (T, n_kv, dk) and values (T, n_kv, dv): token t at (slots[t], pos[t]) of the layout."""
+def check_where(cache: KVCache, layout: Layout) -> None:
+    """The layout's slots and positions inside the cache, as a kernel storing there needs them."""
     check(layout.slots, np.int32, "slots")
     check(layout.pos, np.int32, "pos")
-    n_slots, n_kv, n_ctx, _ = cache.k.shape
+    n_slots, _, n_ctx, _ = cache.k.shape
     if cache.tables is not None:
         check(cache.tables, np.int32, "block tables")
         n_slots, n_ctx = cache.tables.shape[0], cache.tables.shape[1] * n_ctx
     if layout.max_slot >= n_slots or layout.max_pos >= n_ctx:  # the kernel would write past the cache
         raise LlogosError(f"a batch writes at slot {layout.max_slot}, position {layout.max_pos}: "
                           f"outside the KV cache of {n_slots} slots x {n_ctx} positions")
+
+
+def kv_store(k, cache: KVCache, keys, values, layout: Layout) -> None:
+    """Write keys (T, n_kv, dk) and values (T, n_kv, dv): token t at (slots[t], pos[t]) of the layout."""
+    check_where(cache, layout)
+    n_kv = cache.k.shape[1]
     for x, store, cache_type, d in ((keys, cache.k, cache.type_k, cache.dk), (values, cache.v, cache.type_v, cache.dv)):
         check(x, np.float32, "keys/values")
         check(store, np.uint8, "cache")

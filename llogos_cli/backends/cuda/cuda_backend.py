@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from llogos_cli.backends import MIN_PRODUCT_ROW
-from llogos_cli.backends.cuda import cuda_attention, cuda_batch, cuda_experts, cuda_ops, cuda_recurrent
+from llogos_cli.backends.cuda import cuda_attention, cuda_batch, cuda_experts, cuda_ops, cuda_recurrent, cuda_rope_store
 from llogos_cli.backends.cuda.cuda_attention import KVCache
 from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_matmul import (
@@ -202,11 +202,15 @@ class CudaBackend:
         frequency divided by its factor (Llama 3's rope_freqs, Phi-3's long-context factors; ones
         when the model has none), and scale them by attn_factor."""
         pos = self.device_input("pos", np.asarray(pos, np.int32))
+        return cuda_ops.rope(self.kernels, self._c(x), pos, self._factors(dims, factors), dims, base, freq_scale, neox,
+                             attn_factor)
+
+    def _factors(self, dims: int, factors):
         if factors is None:
             factors = self._ones.get(dims // 2)
             if factors is None:
                 factors = self._ones[dims // 2] = self.xp.ones(dims // 2, np.float32)
-        return cuda_ops.rope(self.kernels, self._c(x), pos, factors, dims, base, freq_scale, neox, attn_factor)
+        return factors
 
     def glu(self, gate, up, gelu: bool):
         x8 = self._q8_for(gate)
@@ -245,6 +249,14 @@ class CudaBackend:
 
     def kv_store(self, cache: KVCache, k, v, layout: Layout) -> None:
         cuda_attention.kv_store(self.kernels, cache, self._c(k), self._c(v), layout)
+
+    def rope_kv_store(self, cache: KVCache, q, k, v, layout: Layout, dims: int, base: float, freq_scale: float,
+                      neox: bool, factors=None, attn_factor: float = 1.0):
+        """rope of q and k at the layout's positions, then kv_store of k and v, in one launch
+        (cuda_rope_store); -> the turned q."""
+        c = self._c
+        return cuda_rope_store.rope_kv_store(self.kernels, cache, c(q), c(k), c(v), layout, self._factors(dims, factors),
+                                             dims, base, freq_scale, neox, attn_factor)
 
     def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0,
                   sinks=None, causal: bool = True):

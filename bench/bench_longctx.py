@@ -1,0 +1,94 @@
+"""Long contexts on the CUDA backend beside llama.cpp (issue 44): prefill of an 8192-token prompt
+and decode at depth 8192, as `llama-bench -p 8192 -n 0 -fa 1` and `llama-bench -p 0 -n 32 -d 8192
+-fa 1` measure them, on the synthetic GGUFs of bench/synthetic.py.
+
+    python bench/bench_longctx.py [--models llama-1b,llama-8b] [--llama-cpp] [--dir DIR] [--json FILE]
+
+The prompt goes in chunks of bench_cuda.PREFILL_BATCH tokens (llama.cpp's -b 2048); decode steps
+replay the engine's CUDA graph, one token id to the host a step.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import llama_cpp  # beside this script, as synthetic
+import numpy as np
+from bench_cuda import PREFILL_BATCH
+from synthetic import SPECS, model_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from llogos_cli.engine.decode_graph import decode_step  # noqa: E402
+from llogos_cli.gguf.file import GGUFFile  # noqa: E402
+from llogos_cli.model.forward import Model  # noqa: E402
+
+DEPTH = 8192      # prompt tokens, and the depth decode starts at
+DECODE_TOKENS = 32
+
+
+def bench_model(path: Path, n_vocab: int) -> dict:
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+
+    backend = CudaBackend()
+    model = Model(GGUFFile(path), backend)
+    ids = np.random.default_rng(0).integers(2, n_vocab, DEPTH + DECODE_TOKENS + 1).astype(np.int32)
+
+    def prefill():
+        ctx = model.new_context(DEPTH + DECODE_TOKENS + 16, "f16", "f16")
+        backend.synchronize()
+        t0 = time.perf_counter()
+        for start in range(0, DEPTH, PREFILL_BATCH):
+            logits = model.forward_seq(ctx, ids[start:start + PREFILL_BATCH])
+        token = int(backend.argmax_rows(logits)[0])
+        return time.perf_counter() - t0, ctx, token
+
+    prefill()   # compile kernels, initialize cuBLAS
+    seconds, ctx, token = min((prefill() for _ in range(2)), key=lambda run: run[0])
+    step, slot = decode_step(model, ctx.cache), np.zeros(1, np.int32)
+
+    def one(token: int) -> int:
+        logits = step(np.array([token], np.int32), slot, np.array([ctx.n_past], np.int32))
+        ctx.n_past += 1
+        return int(backend.argmax_rows(logits)[0])
+
+    token = one(token)   # capture
+    t0 = time.perf_counter()
+    for _ in range(DECODE_TOKENS):
+        token = one(token)
+    return {"prefill_tok_s": DEPTH / seconds, "decode_tok_s": DECODE_TOKENS / (time.perf_counter() - t0)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="llama-1b,llama-8b")
+    parser.add_argument("--llama-cpp", action="store_true", help="also run llama-bench from PATH")
+    parser.add_argument("--dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "llogos-bench")
+    parser.add_argument("--json", type=Path, help="write the figures here, after every model")
+    args = parser.parse_args()
+    from llogos_cli.backends import cuda_available
+    if not cuda_available():
+        sys.exit("bench_longctx needs CuPy and a CUDA GPU")
+    if args.llama_cpp and not llama_cpp.available():
+        sys.exit("--llama-cpp: llama-bench is not on PATH (source llama-env.sh)")
+    args.dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.models.split(","):
+        spec = SPECS[name]
+        path = model_file(spec, args.dir)
+        reference = llama_cpp.long_context(path, DEPTH, DECODE_TOKENS) if args.llama_cpp else None
+        results.append({"model": name, "depth": DEPTH, **bench_model(path, spec.n_vocab), "llama_cpp": reference})
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+    print("| model | prefill 8192 tok/s (llama.cpp) | decode at 8192 tok/s (llama.cpp) |\n|---|---|---|")
+    for r in results:
+        ref = r["llama_cpp"] or {}
+        print(f"| {r['model']} | {r['prefill_tok_s']:.0f} ({ref.get('prefill_tok_s', 0):.0f}) | "
+              f"{r['decode_tok_s']:.1f} ({ref.get('decode_tok_s', 0):.1f}) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The CUDA backend's launch budget (bench/launch_budget.py, docs/PERF.md): the kernel launches of
+one decode step's layers, counted under the CPU emulator, may not grow back past the counts
+recorded here. Lower them here when a fusion cuts launches."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.forward import Model
+from tests.conftest import need
+
+# Launches in all the layers of each fixture's decode step (batch 1, default products); before RoPE
+# went into the KV store (rope_store.cu) llama's were 42, gemma3's 54, qwen35's 93.
+LAYER_LAUNCHES = {"tiny-llama-q8_0": 33, "tiny-qwen2-q8_0": 28, "tiny-qwen3-f32": 39, "tiny-gemma3-q8_0": 45,
+                  "tiny-qwen35-f32": 90, "tiny-gemma2-q8_0": 39, "tiny-phi3-q8_0": 22, "tiny-granite-q8_0": 26,
+                  "tiny-olmo2-q8_0": 26, "tiny-smollm3-q8_0": 45, "tiny-lfm2-q8_0": 49, "tiny-qwen3moe-q8_0": 34,
+                  "tiny-gpt-oss-q8_0": 69, "tiny-qwen2moe-q8_0": 52}
+
+
+def load_budget():
+    spec = importlib.util.spec_from_file_location("launch_budget", Path(__file__).resolve().parents[1] / "bench" / "launch_budget.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_budget()
+
+
+def test_every_family_fixture_has_a_budget(bench):
+    assert set(bench.FAMILY_FIXTURES) == set(LAYER_LAUNCHES)
+
+
+@pytest.mark.parametrize("name", LAYER_LAUNCHES)
+def test_layer_launches_stay_within_the_budget(bench, name):
+    budget = bench.budget(need(bench.fixture(name)), name)
+    assert 0 < budget.layer_launches <= LAYER_LAUNCHES[name], budget.kernels
+
+
+def test_a_step_reads_every_layer_weight_once(bench):
+    """The byte count's weights: a dense model's step reads each layer matrix and norm once, and the
+    KV bytes are the cached rows up to the position plus the new one."""
+    path = need(bench.fixture("tiny-llama-q8_0"))
+    budget = bench.budget(path, "tiny-llama-q8_0", depth=5)
+    f = GGUFFile(path)
+    assert budget.layer_weights == sum(t.nbytes for name, t in f.tensors.items() if name.startswith("blk."))
+    cfg = Model(f, NumpyBackend()).cfg
+    f16_rows = 2 * (cfg.head_dim_k + cfg.head_dim_v)
+    assert budget.layer_cache == cfg.n_layer * cfg.n_head_kv * (5 + 1 + 1) * f16_rows
