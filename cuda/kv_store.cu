@@ -26,3 +26,5 @@ __device__ void kv_store(const float* x, u8* cache, const int* slots, const int*
 KV_STORE(f32)
 KV_STORE(f16)
 KV_STORE(q8_0)
+KV_STORE(q4_0)
+KV_STORE(iq4_nl)

@@ -123,8 +123,8 @@ def assert_same_greedy_tokens(cpu: list, gpu: list, near_tie: float) -> None:
         assert got == want, n
 
 
-@pytest.mark.parametrize("cache", ["f16", "q8_0"])
-@pytest.mark.parametrize("name", ["tiny-qwen3-f32", "tiny-qwen35-f32"])  # heads of 32: q8_0 caches
+@pytest.mark.parametrize("cache", ["f16", "q8_0", "q4_0", "iq4_nl"])
+@pytest.mark.parametrize("name", ["tiny-qwen3-f32", "tiny-qwen35-f32"])  # heads of 32: block caches
 def test_cli_generate_on_the_gpu_matches_the_cpu(env, name, cache):
     args = ("-m", str(need(FIXTURES / f"{name}.gguf")), "--tokens", "5,17,300,42", "-n", "16",
             "--cache-type-k", cache, "--cache-type-v", cache)

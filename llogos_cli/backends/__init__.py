@@ -76,8 +76,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from llogos_cli.errors import LlogosError
 
 BACKENDS = ("cpu", "cuda", "auto")
-CACHE_TYPES = ("f32", "f16", "q8_0")
-Q8_0_BLOCK = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][0]
+CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0", "iq4_nl")   # llama.cpp's -ctk/-ctv names
+# Elements per block of each block-quantized cache type (32 for all of them).
+CACHE_BLOCKS = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]][0] for name in ("q8_0", "q4_0", "iq4_nl")}
 QUERY_CHUNK = 256   # a prompt chunk's queries whose attention scores a backend holds at once
 # Matrices with rows shorter than this are convolution kernels (C, K) that ssm_conv reads whole, never
 # a product: no block type has such rows, and they are too small to matter. Backends hold them
@@ -100,8 +101,9 @@ def check_cache_type(cache_type: str, head_dim: int) -> None:
     """A KV cache type both backends can hold for heads of this size, or a one-line error."""
     if cache_type not in CACHE_TYPES:
         raise LlogosError(f"unknown KV cache type '{cache_type}' (choose from {', '.join(CACHE_TYPES)})")
-    if cache_type == "q8_0" and head_dim % Q8_0_BLOCK:
-        raise LlogosError(f"a q8_0 KV cache needs head sizes that are multiples of {Q8_0_BLOCK}, not {head_dim}")
+    block = CACHE_BLOCKS.get(cache_type, 1)
+    if head_dim % block:
+        raise LlogosError(f"the {cache_type} KV cache type needs head sizes that are multiples of {block}, not {head_dim}")
 
 
 def cuda_available() -> bool:

@@ -156,10 +156,12 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
     weights, why = memory.choose_cpu_weights(f, cfg, cpu_weights, n_ctx, type_k or "f32", type_v or "f32", n_slots)
     b = get_backend(backend, weights, batched=n_slots > 1, threads=threads)
     held = "cuda" if b.name == "cuda" else weights
-    need = memory.need(f, cfg, held, n_ctx, type_k or b.default_cache_type, type_v or b.default_cache_type, n_slots)
+    kv_types = (type_k or b.default_cache_type, type_v or b.default_cache_type)
+    need = memory.need(f, cfg, held, n_ctx, *kv_types, n_slots)
     available = memory.gpu_available() if held == "cuda" else memory.host_available()
     memory.check_fits(need, available, "GPU" if held == "cuda" else "host", n_ctx, held)
     note = f"{need.total / memory.GiB:.2f} GiB needed of {available / memory.GiB:.1f} GiB available"
+    note += f"; {memory.kv_report(cfg, 'cuda' if held == 'cuda' else 'cpu', n_ctx, *kv_types)}"
     if held != "cuda":
         products = f", {b.products} products" if b.products else ""
         note = f"cpu weights {weights} ({why}{products}); {note}"

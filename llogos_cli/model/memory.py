@@ -22,6 +22,7 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig
 
 GiB = 1 << 30
+MiB = 1 << 20
 # auto expands to float32 only when that copy, with everything else, leaves this much of the
 # memory free: the page cache, the tokenizer, and other programs need some too.
 F32_HEADROOM = 0.5
@@ -32,8 +33,10 @@ F32_MAX_WEIGHTS = 200_000_000
 # or are preempted instead of driving the machine into swap.
 KV_POOL_SHARE = 0.5
 PREFILL_BATCH = 512      # tokens of one engine step (-b/--batch-size), the activations a prefill holds
-# Bytes per cached element: the CPU holds q8_0 entries as float32 after rounding, CUDA packs them.
-_KV_BYTES = {"cpu": {"f32": 4, "f16": 2, "q8_0": 4}, "cuda": {"f32": 4, "f16": 2, "q8_0": 34 / 32}}
+# Bytes per cached element: the CPU holds q8_0 entries as float32 after rounding, CUDA packs them;
+# both pack the 4-bit types (32 elements in 18 bytes).
+_KV_BYTES = {"cpu": {"f32": 4, "f16": 2, "q8_0": 4, "q4_0": 18 / 32, "iq4_nl": 18 / 32},
+             "cuda": {"f32": 4, "f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,17 @@ def kv_bytes_per_position(cfg: ModelConfig, device: str, type_k: str, type_v: st
     n_attn = cfg.n_layer - sum(cfg.recurrent)
     return n_attn * cfg.n_head_kv * (cfg.head_dim_k * _KV_BYTES[device][type_k]
                                      + cfg.head_dim_v * _KV_BYTES[device][type_v])
+
+
+def kv_report(cfg: ModelConfig, device: str, n_ctx: int, type_k: str, type_v: str) -> str:
+    """The KV cache of one n_ctx context as --stats tells it: its size, and what it saves against f16
+    (llama.cpp's default), or costs more, if it is another type."""
+    size = n_ctx * kv_bytes_per_position(cfg, device, type_k, type_v)
+    note = f"KV cache {size / MiB:.2f} MiB for -c {n_ctx} ({type_k}/{type_v}"
+    f16 = n_ctx * kv_bytes_per_position(cfg, device, "f16", "f16")
+    if size != f16 and f16:
+        note += f", {abs(f16 - size) / MiB:.2f} MiB {'less' if size < f16 else 'more'} than f16/f16"
+    return note + ")"
 
 
 def kv_pool_blocks(cfg: ModelConfig, device: str, type_k: str, type_v: str, block_size: int, n_slots: int,
@@ -200,7 +214,7 @@ def check_fits(n: Need, available: int, where: str, n_ctx: int, held: str) -> No
     if held == "f32":
         tips.append("--cpu-weights quantized")
     if n.kv_cache > n.weights / 4:
-        tips += [f"a smaller -c than {n_ctx}", "--cache-type-k/--cache-type-v f16 or q8_0"]
+        tips += [f"a smaller -c than {n_ctx}", "--cache-type-k/--cache-type-v f16, q8_0 or q4_0"]
     tips.append("another backend" if held == "cuda" else "a smaller model")
     raise LlogosError(
         f"the model needs {n.total / GiB:.1f} GiB of {where} memory (weights {n.weights / GiB:.1f} GiB "

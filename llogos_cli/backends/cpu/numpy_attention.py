@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llogos_cli.backends import Q8_0_BLOCK, QUERY_CHUNK, check_cache_type
+from llogos_cli.backends import CACHE_BLOCKS, QUERY_CHUNK, check_cache_type
+from llogos_cli.backends.cpu import kv_quant
 from llogos_cli.errors import LlogosError
 
 _NO_SINKS = np.empty(0, np.float32)
@@ -80,6 +81,12 @@ class KVCache:
     type_v: str
     tables: np.ndarray | None = None   # paged: (n_slots, max blocks per slot) int32, shared by every layer
 
+    @property
+    def dv(self) -> int:
+        """Elements of a value row (a packed row holds fewer bytes than that)."""
+        size = self.v.shape[3]
+        return size // kv_quant.BLOCK_BYTES * kv_quant.BLOCK if self.type_v in kv_quant.PACKED_TYPES else size
+
     def where(self, slots: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The (first index, position index) at which each (slot, position) is held."""
         if self.tables is None:
@@ -105,12 +112,24 @@ class KVCache:
             values = np.take(self.v.reshape(-1, block_size, self.v.shape[3]), ids, axis=0)
             keys = keys.reshape(R, n_kv, -1, self.k.shape[3])                              # (R, n_kv, nb*B, dk)
             values = values.reshape(R, n_kv, -1, self.v.shape[3])                          # (R, n_kv, nb*B, dv)
-        return keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
+        return _floats(keys, self.type_k), _floats(values, self.type_v)
 
 
 # q8_0 entries are held as float32 after a quantize/dequantize round trip: the same values a
-# q8_0 cache on the GPU yields, without a packed layout that NumPy could not use directly.
-_CACHE_DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.float32}
+# q8_0 cache on the GPU yields, without a packed layout that NumPy could not use directly. The
+# 4-bit types are held packed (kv_quant), an eighth of float32's memory being their point, and
+# decoded as they are read.
+_CACHE_DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.float32, "q4_0": np.uint8, "iq4_nl": np.uint8}
+
+
+def _row_size(cache_type: str, d: int) -> int:
+    return kv_quant.row_bytes(d) if cache_type in kv_quant.PACKED_TYPES else d
+
+
+def _floats(x: np.ndarray, cache_type: str) -> np.ndarray:
+    if cache_type in kv_quant.PACKED_TYPES:
+        return kv_quant.dequantize(x, cache_type)
+    return x.astype(np.float32, copy=False)
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -122,9 +141,11 @@ def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
+    if cache_type in kv_quant.PACKED_TYPES:
+        return kv_quant.quantize(x, cache_type)
     if cache_type != "q8_0":
         return x
-    blocks = x.reshape(*x.shape[:-1], -1, Q8_0_BLOCK)
+    blocks = x.reshape(*x.shape[:-1], -1, CACHE_BLOCKS["q8_0"])
     d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
     scaled = blocks * np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, 1, d))
     q = np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))  # round half away from zero
@@ -142,8 +163,8 @@ class AttentionOps:
     def kv_cache(self, n_slots: int, n_ctx: int, n_kv: int, dk: int, dv: int, type_k: str, type_v: str) -> KVCache:
         check_cache_type(type_k, dk)
         check_cache_type(type_v, dv)
-        return KVCache(_lazy_zeros((n_slots, n_kv, n_ctx, dk), _CACHE_DTYPE[type_k]),
-                       _lazy_zeros((n_slots, n_kv, n_ctx, dv), _CACHE_DTYPE[type_v]), type_k, type_v)
+        return KVCache(_lazy_zeros((n_slots, n_kv, n_ctx, _row_size(type_k, dk)), _CACHE_DTYPE[type_k]),
+                       _lazy_zeros((n_slots, n_kv, n_ctx, _row_size(type_v, dv)), _CACHE_DTYPE[type_v]), type_k, type_v)
 
     def paged_kv_cache(self, tables: np.ndarray, n_blocks: int, block_size: int, n_kv: int, dk: int, dv: int,
                        type_k: str, type_v: str) -> KVCache:
@@ -172,7 +193,7 @@ class AttentionOps:
         its run's last one); -> (T, H, dv). With softcap, scores s (scaled) become
         softcap * tanh(s / softcap) before the softmax; sinks (H,) are a logit per head that joins
         each softmax's denominator (gpt-oss)."""
-        out = np.empty((q.shape[0], q.shape[1], cache.v.shape[3]), np.float32)
+        out = np.empty((q.shape[0], q.shape[1], cache.dv), np.float32)
         if self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
             # Every token a row, a prompt's too: its keys are stored before it attends them, so each
             # of its tokens attends its slot's keys up to its own position as a decode row does.

@@ -1,7 +1,7 @@
 """The KV cache and attention over it, for a batch of runs from several cache slots.
 
-A layer's cache holds keys and values as (n_slots, n_kv, n_ctx, row bytes) in f32, f16 or q8_0
-rows (kv_cache.cuh), or, paged, as (n_blocks, n_kv, block_size, row bytes) that slots reach
+A layer's cache holds keys and values as (n_slots, n_kv, n_ctx, row bytes) in f32, f16, q8_0,
+q4_0 or iq4_nl rows (kv_cache.cuh), or, paged, as (n_blocks, n_kv, block_size, row bytes) that slots reach
 through device block tables (kv_where in kv_cache.cuh), which the kernels read as they run. Attention has two paths. Runs of up to FUSED_MAX_TOKENS queries (decode rows,
 short chunks) use the fused kernel, which streams each query's cached rows once in their stored
 type, all such runs of a batch in one launch. Longer runs (prompt chunks) gather their slot's
@@ -25,7 +25,7 @@ from llogos_cli.backends.cuda.cuda_matmul import get_rows
 from llogos_cli.errors import LlogosError
 
 # The GGUF type a cache row is laid out as, for gathering rows with get_rows.
-_ROW_TYPE = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}
+_ROW_TYPE = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0, "q4_0": QType.Q4_0, "iq4_nl": QType.IQ4_NL}
 ATTENTION_WARPS = 4      # ATTENTION_WARPS in attention.cu
 MAX_HEAD_DIM = 256       # MAX_HEAD_DIM in attention.cu
 FUSED_MAX_TOKENS = 16
@@ -94,7 +94,7 @@ def kv_store(k, cache: KVCache, keys, values, layout: Layout) -> None:
         check(store, np.uint8, "cache")
         n_tok = x.shape[0]
         assert x.shape[1:] == (n_kv, d) and layout.slots.shape == layout.pos.shape == (n_tok,)
-        per_thread = 32 if cache_type == "q8_0" else 1
+        per_thread = GGML_QUANT_SIZES[_ROW_TYPE[cache_type]][0]   # a thread stores a block
         k.function("kv_store", f"kv_store_{cache_type}")(
             (cdiv(x.size // per_thread, _THREADS),), (_THREADS,),
             (x, store, layout.slots, layout.pos, np.int32(n_tok), np.int32(n_kv), np.int32(d),

@@ -3,7 +3,7 @@
 Weights are uploaded as their GGUF bytes and decoded inside the kernels; activations are float32
 (few-token products with big matrices take them in 8 bits, cuda_matmul.int8_pays: quantized by the
 RMSNorm or GLU that made them, else on the way in);
-the KV cache defaults to f16 (f32 and q8_0 on request, like llama.cpp's --cache-type-k/-v).
+the KV cache defaults to f16 (f32, q8_0, q4_0 and iq4_nl on request, like llama.cpp's --cache-type-k/-v).
 Kernels are reached through a provider: cuda_kernels.CudaKernels (CuPy) on a GPU, the CPU
 emulator in the tests.
 
