@@ -110,3 +110,15 @@ def interruptible() -> None:
     """Popen's preexec_fn for a child a test interrupts with SIGINT: Ctrl-C's default disposition,
     which a child otherwise inherits ignored when the suite itself runs as a background job."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# The files that take minutes, longest first (as make test timed them on the 2-core CI host).
+# xdist hands a worker the next file whenever it finishes one, so a long file that comes last keeps
+# one worker busy while the other has nothing left to do; started first, the short files fill in
+# beside it.
+LONGEST_FILES = ("test_webui.py", "test_speculation.py", "test_server_anthropic.py", "test_server_responses.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: LONGEST_FILES.index(item.path.name) if item.path.name in LONGEST_FILES
+               else len(LONGEST_FILES))
