@@ -35,12 +35,14 @@ run: venv
 	@echo "try next: .venv/bin/llogos chat -m $(MODEL)   or   .venv/bin/llogos --help   (make test adds the server, Ray and test extras)" >&2
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test file in one of them, so that a
-# file's model or server is set up once. Most tests keep one core busy.
+# file's model or server is set up once. Most tests keep one core busy. Files are handed out in
+# the order tests/conftest.py collects them (the longest first), not xdist's by number of tests.
+# cuda-check's files run in the same invocation: one start-up, and they fill in beside the others.
 TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist loadfile
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-test: models test-venv browser cuda-check
-	$(PY) -m pytest $(XDIST) -rs --ignore=tests/test_cuda_compile.py --ignore=tests/test_cuda_emulated.py
+test: models test-venv browser
+	$(PY) -m pytest $(XDIST) -rs
 
 # The web page's tests drive Debian's Chromium through Playwright; apt-get installs it where it can
 # (as root), and without it those tests skip, saying why.

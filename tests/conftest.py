@@ -1,6 +1,7 @@
 """Shared test fixtures: reference data from ../shared and the installed real models."""
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -12,6 +13,27 @@ from llogos_cli.errors import LlogosError
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FIXTURES = SHARED / "fixtures"
 REFERENCE = SHARED / "reference"
+
+
+def fresh_cache(tmp_path_factory) -> str:
+    """An empty LLOGOS_CACHE for a module's commands, but for the compiled CPU kernels: its numba
+    folder links to the run's own, so that the module's first command loads them instead of
+    compiling them again (some 80 CPU-seconds for SmolLM2's)."""
+    from llogos_cli.paths import cache_dir
+    folder = tmp_path_factory.mktemp("cache")
+    (folder / "numba").symlink_to(cache_dir("numba"), target_is_directory=True)
+    return str(folder)
+
+
+def subprocess_env(tmp_path_factory, **extra: str) -> dict[str, str]:
+    """os.environ for a module's llogos commands: a fresh_cache, no colour, rich's own width.
+    NUMBA_CACHE_DIR is left out whether or not this process has imported numba yet (it sets it),
+    which decided, by what ran before, whether a file's commands shared the kernels or compiled
+    their own; each command names the folder itself, and compiles in children as a user's does."""
+    env = dict(os.environ, LLOGOS_CACHE=fresh_cache(tmp_path_factory), NO_COLOR="1", **extra)
+    for name in ("COLUMNS", "NUMBA_CACHE_DIR"):
+        env.pop(name, None)
+    return env
 
 
 def need(path: Path) -> Path:
@@ -110,3 +132,15 @@ def interruptible() -> None:
     """Popen's preexec_fn for a child a test interrupts with SIGINT: Ctrl-C's default disposition,
     which a child otherwise inherits ignored when the suite itself runs as a background job."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# The files that take minutes, longest first (as make test timed them on the 2-core CI host).
+# xdist hands a worker the next file whenever it finishes one, so a long file that comes last keeps
+# one worker busy while the other has nothing left to do; started first, the short files fill in
+# beside it.
+LONGEST_FILES = ("test_webui.py", "test_speculation.py", "test_server_anthropic.py", "test_server_responses.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: LONGEST_FILES.index(item.path.name) if item.path.name in LONGEST_FILES
+               else len(LONGEST_FILES))

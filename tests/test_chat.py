@@ -24,7 +24,7 @@ from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load, open_model
 from llogos_cli.model.registry import find_entry
-from tests.conftest import FIXTURES, copy_gguf, need
+from tests.conftest import FIXTURES, copy_gguf, need, subprocess_env
 from tests.test_chat_template import hf_render
 from tests.test_cli import assert_one_line_error, llogos
 
@@ -39,9 +39,7 @@ def tiny() -> str:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    e = dict(os.environ, LLOGOS_CACHE=str(tmp_path_factory.mktemp("cache")), NO_COLOR="1")
-    e.pop("COLUMNS", None)
-    return e
+    return subprocess_env(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from tests.conftest import FIXTURES, REFERENCE, copy_gguf, need, reference
+from tests.conftest import FIXTURES, REFERENCE, copy_gguf, need, reference, subprocess_env
 
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="session")
 def env(tmp_path_factory):
-    e = dict(os.environ, LLOGOS_CACHE=str(tmp_path_factory.mktemp("cache")), NO_COLOR="1")
-    e.pop("COLUMNS", None)
-    return e
+    return subprocess_env(tmp_path_factory)
 
 
 def llogos(env, *args, stdin: str | None = None) -> subprocess.CompletedProcess:

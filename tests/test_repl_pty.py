@@ -1,14 +1,13 @@
 """`llogos chat` in a real pseudo-terminal: turns, commands, Ctrl-C and Ctrl-D as a user types them."""
 
 import json
-import os
 import sys
 
 import pexpect
 import pytest
 
 from llogos_cli.paths import PROJECT_ROOT
-from tests.conftest import interruptible
+from tests.conftest import interruptible, subprocess_env
 
 QUESTION = "What is the capital of France? Answer in one word."   # decisive at every token, with any products
 PROMPT = "\r\n> "
@@ -16,9 +15,7 @@ PROMPT = "\r\n> "
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    e = dict(os.environ, LLOGOS_CACHE=str(tmp_path_factory.mktemp("cache")), NO_COLOR="1", TERM="dumb")
-    e.pop("COLUMNS", None)
-    return e
+    return subprocess_env(tmp_path_factory, TERM="dumb")
 
 
 class Terminal:
