@@ -13,13 +13,13 @@ from gguf import quants as gguf_quants
 from bench.synthetic_gguf import random_rows
 from llogos_cli.backends.cpu import cpu_quant, cpu_quant_int8
 from llogos_cli.backends.cpu.cpu_quant import choose_isa
-from llogos_cli.backends.cpu.cpu_simd_int8 import ISA_ARG, host_isa
+from llogos_cli.backends.cpu.cpu_simd_int8 import INT16_WORDS, host_isa, host_isas
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import load
 from tests.conftest import FIXTURES, need, relative_error
 
 BLOCK = cpu_quant_int8.BLOCK
-ISAS = [isa for isa in ISA_ARG if host_isa() == "vnni" or (host_isa() == "avx2" and isa == "avx2")]
+ISAS = host_isas()   # every set this CPU runs; the others' kernels are only compiled (test_cpu_isa)
 
 
 K_BLOCK = cpu_quant_int8.K_BLOCK
@@ -117,12 +117,43 @@ def test_k_products_are_within_llama_cpp_error_bound(qtype, isa):
 @pytest.mark.skipif(len(ISAS) < 2, reason="this CPU has one instruction set for these kernels")
 @pytest.mark.parametrize("qtype", sorted(cpu_quant_int8.TYPES, key=int), ids=lambda t: t.name)
 def test_instruction_sets_agree_bit_for_bit(qtype):
-    """Their integer sums are exact and their float steps the same: VNNI and AVX2 give one result."""
+    """Their integer sums are exact and their float steps the same: every set gives one result."""
     rng = np.random.default_rng(11)
     raw = random_rows(qtype, 20, 2 * K_BLOCK, rng)
     x = rng.standard_normal((cpu_quant_int8.WIDE + cpu_quant_int8.TOKENS + 1, 2 * K_BLOCK)).astype(np.float32)
-    vnni, avx2 = (_product(isa, x, raw, qtype) for isa in ISAS)
-    assert np.array_equal(vnni, avx2)
+    best, *others = (_product(isa, x, raw, qtype) for isa in ISAS)
+    for other in others:
+        assert np.array_equal(best, other)
+
+
+# The bytes of a GGUF block that hold its quants (and their high bits), all ones where their quant is
+# the type's largest (MXFP4: 0x77, its 12 twice); the scales are left as random_rows makes them.
+_QUANT_BYTES = {QType.Q4_0: (2, 18), QType.Q4_1: (4, 20), QType.Q5_0: (2, 22), QType.Q5_1: (4, 24),
+                QType.MXFP4: (1, 17), QType.Q2_K: (16, 80), QType.Q3_K: (0, 96), QType.Q4_K: (16, 144),
+                QType.Q5_K: (16, 176), QType.Q6_K: (0, 192)}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", sorted(_QUANT_BYTES, key=int), ids=lambda t: t.name)
+def test_the_largest_quants_times_the_largest_activations_do_not_overflow(qtype, isa):
+    """AVX2 adds INT16_WORDS[type] words' `vpmaddubsw` pair-sums in int16 before widening them: every
+    quant at its largest times every activation at ±127 (x of one value: xq = 127 throughout) is
+    where they would wrap, and the products must still be the exact integers' (float32 rounding)."""
+    assert qtype.name.lower() in INT16_WORDS
+    rng = np.random.default_rng(int(qtype))
+    block, size = GGML_QUANT_SIZES[qtype]
+    cols = K_BLOCK
+    raw = random_rows(qtype, 20, cols, rng).reshape(20, cols // block, size)
+    start, end = _QUANT_BYTES[qtype]
+    raw[..., start:end] = 0x77 if qtype == QType.MXFP4 else 0xFF
+    raw = raw.reshape(20, -1)
+    w = gguf_quants.dequantize(raw, qtype).astype(np.float64)
+    x = np.stack([np.ones(cols), -np.ones(cols)]).astype(np.float32)
+    ours = _product(isa, x, raw, qtype)
+    xq, dx = cpu_quant._quantize8(x, qtype in cpu_quant_int8.K_TYPES)[:2]
+    assert (np.abs(xq) == 127).all()
+    held = xq * np.repeat(dx.astype(np.float64), cols // dx.shape[1], axis=1)
+    assert relative_error(ours, held @ w.T) < 1e-5
 
 
 def test_the_instruction_set_can_be_chosen_and_is_checked(monkeypatch):

@@ -2,7 +2,7 @@
 
 Two shapes of product:
 - where the CPU has integer dot products, every block type with 8-bit activations
-  (cpu_quant_int8; `isa`: LLOGOS_CPU_ISA=vnni|avx2|float chooses, default the best there is), for
+  (cpu_quant_int8; `isa`: LLOGOS_CPU_ISA=vnni|avxvnni|avx2|float chooses, default the best there is), for
   any number of tokens: the rows, repacked at load (`pack`), are unpacked in registers once for
   every 4 tokens and dotted with their activations while in cache, rows shared out over every core;
 - otherwise, or with `float`: up to DOT_MAX_TOKENS tokens with float32 activations
@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as QType
 from llogos_cli.backends import CPU_DOT_TYPES, ROUTES_KEPT
 from llogos_cli.backends.cpu import cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rows
 from llogos_cli.backends.cpu.cpu_jit import parts, share_out
-from llogos_cli.backends.cpu.cpu_simd_int8 import ISA_ARG, host_isa
+from llogos_cli.backends.cpu.cpu_simd_int8 import ISA_ARG, host_isa, host_isas
 from llogos_cli.backends.cpu.cpu_threads import available_cores
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
@@ -84,18 +84,19 @@ def _quantize8_arrays(n_tok: int, cols: int, k_type: bool) -> tuple:
     return (np.empty((n_tok, cols), np.int8), np.empty((n_tok, blocks), np.float32), np.empty((n_tok, blocks), np.int32))
 
 
-ISA_NAMES = {"vnni": "AVX-512 VNNI integer", "avx2": "AVX2 integer", "float": "float32"}
+ISA_NAMES = {"vnni": "AVX-512 VNNI integer", "avxvnni": "AVX-VNNI integer", "avx2": "AVX2 integer", "float": "float32"}
 
 
 def choose_isa(asked: str | None) -> str:
     """The instruction set of the integer products: `asked` (LLOGOS_CPU_ISA) if the CPU has it,
-    else the best it has; "float" keeps every product in float32."""
+    else the best it has; "float" keeps every product in float32. A set the CPU lacks is refused
+    here, so that its kernels are never compiled or run on it."""
     best = host_isa() or "float"
     if asked in (None, ""):
         return best
     if asked not in (*ISA_ARG, "float"):
-        raise LlogosError(f"LLOGOS_CPU_ISA={asked} is not one of vnni, avx2, float")
-    if asked == "vnni" and best != "vnni" or asked == "avx2" and best == "float":
+        raise LlogosError(f"LLOGOS_CPU_ISA={asked} is not one of {', '.join(ISA_ARG)}, float")
+    if asked != "float" and asked not in host_isas():
         raise LlogosError(f"LLOGOS_CPU_ISA={asked}: this CPU does not have it (best: {best})")
     return asked
 

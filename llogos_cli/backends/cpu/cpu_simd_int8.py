@@ -12,20 +12,25 @@ them), so that one instruction multiplies every row of a tile by four activation
 of them, and the rows' scales convert as one vector; no sum is folded across lanes:
 - VNNI (AVX-512 VNNI): `vpdpbusd` on 512-bit vectors, four byte products summed into each row's
   int32 lane; nothing saturates, so Q8_0 takes its quants as u = q + 128 and 128 · xsum comes off;
-- AVX2: two 256-bit halves, `vpmaddubsw` (byte pairs summed into int16, saturating) then
-  `vpmaddwd` by ones (into int32). 4- and 5-bit quants stay far from the int16 limit (2 · 31 · 127);
-  Q8_0 could reach it, so there the bytes become |q| times xq with q's sign (`vpsignb`).
-Both give the exact integer sums, and the float steps after them are the same.
+- AVX-VNNI (Intel's client CPUs): the same `vpdpbusd` on two 256-bit halves (rows 0-7, 8-15);
+  Q8_0's bytes become |q| times xq with q's sign (`vpsignb`), which needs no correction;
+- AVX2: two 256-bit halves, `vpmaddubsw` (byte pairs summed into int16, saturating), as many of
+  them added in int16 as the quants' size leaves room for (INT16_WORDS: eight words of 4-bit
+  quants, 2 · 15 · 127 each), then one `vpmaddwd` by ones (into int32): about half the multiplies
+  of a `vpmaddwd` per `vpmaddubsw` (both issue on the same multiply ports). Q8_0 could reach the
+  int16 limit in one pair, so there the bytes become |q| times xq with q's sign, widened each.
+All give the exact integer sums, and the float steps after them are the same.
 
 The K types (k_tile_dot8) take one scale per 256 activations (llama.cpp's Q8_K), so a block's
 sub-blocks add up in integers. Their rows are tiled the same way (K_TILED): a group of 32 weights
-of every row of a tile takes eight instructions, which leave each row's integer sum in its own lane,
-one `vpmulld` multiplies the sums by the rows' scales of the group, and one conversion serves a
+of every row of a tile takes eight words' products (_rows_sums), which leave each row's integer sum
+in its own lane, one `vpmulld` multiplies the sums by the rows' scales of the group, and one conversion serves a
 block of every row.
 
 The instruction set is a compile-time choice: the kernels take `isa` as a NumPy scalar whose type
 names it (ISA_ARG), so that each set is its own specialisation in numba's cache and a test can
-run the AVX2 code on a VNNI machine.
+run the AVX2 code on a VNNI machine. Which set runs is chosen from the CPU's flags (host_isas);
+LLVM compiles a set's kernels only for a CPU that has it.
 """
 
 import numpy as np
@@ -54,18 +59,25 @@ from llogos_cli.backends.cpu.cpu_simd import (
 # which would let LLVM regroup a sum differently in kernels of one token and of several (k_row_dot8),
 # and a batched row then differ from the same row alone.
 ORDERED = ("contract",)
-ISA_ARG = {"vnni": np.int8(0), "avx2": np.int16(0)}   # the type of the scalar is what counts
-_ISA_OF_TYPE = {types.int8: "vnni", types.int16: "avx2"}
+# The sets these kernels are written for, best first: AVX-512 VNNI; AVX-VNNI (the same `vpdpbusd`
+# in a VEX encoding, 256 bits only: Intel's client CPUs since Alder Lake); AVX2.
+ISA_ARG = {"vnni": np.int8(0), "avxvnni": np.int32(0), "avx2": np.int16(0)}   # the type of the scalar is what counts
+_ISA_OF_TYPE = {types.int8: "vnni", types.int32: "avxvnni", types.int16: "avx2"}
+# The CPU flags each set needs, as LLVM names them.
+ISA_FEATURES = {"vnni": ("avx512vnni", "avx512vl"), "avxvnni": ("avxvnni", "avx2"), "avx2": ("avx2",)}
 
 
-def host_isa() -> str | None:
-    """The best instruction set this CPU has for these kernels; None: neither."""
-    features = llvm.get_host_cpu_features()
-    if features.get("avx512vnni", False) and features.get("avx512vl", False):
-        return "vnni"
-    if features.get("avx2", False):
-        return "avx2"
-    return None
+def host_isas(features=None) -> list[str]:
+    """The instruction sets of ISA_ARG this CPU can run, best first, from its flags (LLVM's view of
+    the host's, or `features`, a mapping of flag to bool)."""
+    if features is None:
+        features = llvm.get_host_cpu_features()
+    return [isa for isa, needed in ISA_FEATURES.items() if all(features.get(f, False) for f in needed)]
+
+
+def host_isa(features=None) -> str | None:
+    """The best instruction set this CPU has for these kernels; None: none of them."""
+    return next(iter(host_isas(features)), None)
 
 
 # How far ahead of the tile-block a kernel multiplies it asks for the rows' bytes (`prefetcht0`). A
@@ -167,33 +179,15 @@ def _tile_quants(context, builder, rows_t, rows, o, name: str, isa: str) -> list
 def _tile_isum(builder, isa: str, name: str, quants: list, words, total):
     """<TILE x i32>: each row's Σ quant · xq over a block, from its eight vectors of quants and the
     block's eight int32 words of activations `words` (<8 x i32>); `total` (<1 x i32>) is Σ xq.
-    VNNI: one 512-bit `vpdpbusd` a vector, each word broadcast to every row, Q8_0's signed quants
-    taken as q + 128 and 128 Σ xq taken off again; AVX2: two 256-bit halves (rows 0-7, 8-15) by
-    `vpmaddubsw` and `vpmaddwd`, Q8_0 as |q| times xq with q's sign. Both give the exact integer."""
-    def word(g: int, n: int):
-        return builder.shuffle_vector(words, words, ir.Constant(vec(I32, n), [g] * n))
-    if isa == "vnni":
-        isum = const(I32, TILE, 0)
-        for g, q in enumerate(quants):
-            u = builder.xor(q, const(I8, 64, -128)) if name in SIGNED else q
-            isum = _call(builder, "llvm.x86.avx512.vpdpbusd.512", vec(I32, TILE), isum, builder.bitcast(u, vec(I32, TILE)),
-                         word(g, TILE))
-        if name in SIGNED:
-            isum = builder.sub(isum, builder.shl(builder.shuffle_vector(total, total, ir.Constant(vec(I32, TILE), [0] * TILE)),
-                                                 const(I32, TILE, 7)))
-        return isum
-    halves = []
-    for h in range(2):
-        acc = const(I32, 8, 0)
-        for g, q in enumerate(quants):
-            part = builder.shuffle_vector(q, q, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))
-            x = builder.bitcast(word(g, 8), vec(I8, 32))
-            if name in SIGNED:
-                x = _call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, part)
-                part = _call(builder, "llvm.abs.v32i8", vec(I8, 32), part, ir.Constant(ir.IntType(1), 0))
-            acc = _dot4(builder, "avx2", acc, part, x)
-        halves.append(acc)
-    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, TILE), list(range(TILE))))
+    _rows_sums over the eight words; with VNNI, Q8_0's signed quants taken as q + 128 there, 128 Σ xq
+    comes off again. The exact integer on every set."""
+    signed = name in SIGNED
+    isum = _rows_sums(builder, isa, quants, lambda g: builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [g])),
+                      [range(8)], signed, name)[0]
+    if isa == "vnni" and signed:
+        isum = builder.sub(isum, builder.shl(builder.shuffle_vector(total, total, ir.Constant(vec(I32, TILE), [0] * TILE)),
+                                             const(I32, TILE, 7)))
+    return isum
 
 
 def tile_dot8(name: str, n_tok: int):
@@ -258,17 +252,6 @@ def tile_dot8(name: str, n_tok: int):
     return dot
 
 
-def _dot4(builder, isa: str, acc, u, x):
-    """acc (<8 x i32>) plus, in each lane, the sum of its four products of unsigned bytes u by signed
-    bytes x (<32 x i8>): `vpdpbusd` with VNNI; `vpmaddubsw` then `vpmaddwd` by ones with AVX2, whose
-    pair-sums (at most 2 · 63 · 127) do not saturate."""
-    if isa == "vnni":
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", vec(I32, 8), acc,
-                     builder.bitcast(u, vec(I32, 8)), builder.bitcast(x, vec(I32, 8)))
-    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), u, x)
-    return builder.add(acc, _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), pairs, const(I16, 16, 1)))
-
-
 # The K types' rows as cpu_quant_int8.tile_rows lays them out: TILE rows at a time, each of their
 # 256-weight blocks side by side as one tile-block: the TILE rows' d (and dmin) as TILE float16s,
 # their sub-block scales (and mins) as one byte a row, sub-block by sub-block (Q6_K's signed), then
@@ -300,27 +283,57 @@ _BIAS_SHIFT = {"q3_k": 2, "q6_k": 5}
 K_SIGNED = ("iq4_xs",)
 
 
-def _rows_dot(builder, isa: str, acc, u, word, signed: bool = False):
-    """acc (<TILE x i32>) plus each row's four products of unsigned bytes u (<64 x i8>, lane i row
-    i's) by the signed bytes of one int32 activation word (<1 x i32>), broadcast to every row.
-    signed: u holds signed bytes q, taken as q + 128 with VNNI (the caller takes 128 Σ xq off
-    again), as |q| times xq with q's sign with AVX2, as _tile_isum does."""
-    if isa == "vnni":
-        if signed:
-            u = builder.xor(u, const(I8, 64, -128))
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", vec(I32, TILE), acc, builder.bitcast(u, vec(I32, TILE)),
-                     builder.shuffle_vector(word, word, ir.Constant(vec(I32, TILE), [0] * TILE)))
-    x = builder.bitcast(builder.shuffle_vector(word, word, ir.Constant(vec(I32, 8), [0] * 8)), vec(I8, 32))
-    halves = []
-    for h in range(2):
-        part = builder.shuffle_vector(u, u, ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))
-        xh = x
-        if signed:
-            xh = _call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, part)
-            part = _call(builder, "llvm.abs.v32i8", vec(I8, 32), part, ir.Constant(ir.IntType(1), 0))
-        halves.append(_dot4(builder, "avx2", builder.shuffle_vector(acc, acc, ir.Constant(vec(I32, 8), list(range(8 * h, 8 * h + 8)))),
-                            part, xh))
-    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, TILE), list(range(TILE))))
+# The largest quant u of each unsigned type (MXFP4's looked up in MXFP4_U), which bounds the int16
+# pair-sums of AVX2's `vpmaddubsw` (2 · u · 127, the activations' |xq| <= 127): INT16_WORDS[name]
+# words' of them add up in int16 before one `vpmaddwd` widens them, instead of one each.
+_U_MAX = {"q4_0": 15, "q4_1": 15, "q5_0": 31, "q5_1": 31, "mxfp4": max(MXFP4_U),
+          "q2_k": 3, "q3_k": 7, "q4_k": 15, "q5_k": 31, "q6_k": 63}
+INT16_WORDS = {name: (2 ** 15 - 1) // (2 * u * 127) for name, u in _U_MAX.items()}
+
+
+def _rows_sums(builder, isa: str, quants: list, word, spans: list, signed: bool, name: str) -> list:
+    """For each span of word indices, <TILE x i32>: each row's Σ over the span's words n of the
+    four products of its unsigned bytes in quants[n] (<64 x i8>, lane i row i's) by the signed bytes
+    of activation word `word(n)` (<1 x i32>), broadcast to every row. signed: the quants are signed
+    bytes q, taken as q + 128 with VNNI (the caller takes 128 Σ xq off again), as |q| times xq with
+    q's sign on the 256-bit sets. VNNI: one 512-bit `vpdpbusd` a word; AVX-VNNI: one 256-bit
+    `vpdpbusd` a word and half (rows 0-7, 8-15); AVX2: `vpmaddubsw` a word and half, its int16
+    pair-sums added over INT16_WORDS[name] words (one, signed), then widened by `vpmaddwd` by ones."""
+    out = []
+    for span in spans:
+        if isa == "vnni":
+            acc = const(I32, TILE, 0)
+            for n in span:
+                u = builder.xor(quants[n], const(I8, 64, -128)) if signed else quants[n]
+                acc = _call(builder, "llvm.x86.avx512.vpdpbusd.512", vec(I32, TILE), acc, builder.bitcast(u, vec(I32, TILE)),
+                            builder.shuffle_vector(word(n), word(n), ir.Constant(vec(I32, TILE), [0] * TILE)))
+            out.append(acc)
+            continue
+        halves = [const(I32, 8, 0), const(I32, 8, 0)]
+        run = 1 if signed or isa != "avx2" else INT16_WORDS[name]
+        span = list(span)
+        for start in range(0, len(span), run):
+            pairs = [None, None]
+            for n in span[start:start + run]:
+                x = builder.bitcast(builder.shuffle_vector(word(n), word(n), ir.Constant(vec(I32, 8), [0] * 8)), vec(I8, 32))
+                for h in range(2):
+                    part = builder.shuffle_vector(quants[n], quants[n], ir.Constant(vec(I32, 32), list(range(32 * h, 32 * h + 32))))
+                    xh = x
+                    if signed:
+                        xh = _call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, part)
+                        part = _call(builder, "llvm.abs.v32i8", vec(I8, 32), part, ir.Constant(ir.IntType(1), 0))
+                    if isa == "avxvnni":
+                        halves[h] = _call(builder, "llvm.x86.avx512.vpdpbusd.256", vec(I32, 8), halves[h],
+                                          builder.bitcast(part, vec(I32, 8)), builder.bitcast(xh, vec(I32, 8)))
+                        continue
+                    p = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), part, xh)
+                    pairs[h] = p if pairs[h] is None else builder.add(pairs[h], p)
+            if isa == "avx2":
+                for h in range(2):
+                    halves[h] = builder.add(halves[h], _call(builder, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), pairs[h],
+                                                             const(I16, 16, 1)))
+        out.append(builder.shuffle_vector(halves[0], halves[1], ir.Constant(vec(I32, TILE), list(range(TILE)))))
+    return out
 
 
 def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g, isa: str) -> list:
@@ -381,7 +394,7 @@ def k_tile_dot8(name: str, n_tok: int):
     tile c's bytes from c · TILE · rows.shape[1] on) times tokens t .. t + n_tok - 1 of llama.cpp's
     Q8_K activations in element order (cpu_quant_int8.quantize_k_blocks: int8 xq, a scale dx per 256
     and xs, int32 sums of xq over each 16): sums[TILE k + i] = row i's sum for token t + k. Per
-    block, a group's eight `_rows_dot` leave every row's integer sum; times the rows' scales in
+    block, a group's `_rows_sums` leave every row's integer sum; times the rows' scales in
     integers (`vpmulld`), the mins (Q4_K, Q5_K per 32; Q2_K per 16) or the quants' bias (4 for Q3_K, 32 for Q6_K, 128
     for IQ4_XS's signed quants with VNNI) taken against xs,
     then d · dx times the block's sums into one float vector per token, in a fixed order of steps
@@ -430,13 +443,10 @@ def k_tile_dot8(name: str, n_tok: int):
                         for k, block in enumerate(blocks):
                             e = builder.add(builder.mul(block, ir.Constant(I64, 256)), builder.mul(j, ir.Constant(I64, 32)))
                             words = load(context, builder, xq_t, xq, e, I32, 8)
-                            isums = []
-                            for h in range(2):   # the group's first and second 16
-                                a = const(I32, TILE, 0)
-                                for n in range(4 * h, 4 * h + 4):
-                                    a = _rows_dot(builder, chosen, a, quants[n],
-                                                  builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [n])), signed)
-                                isums.append(a)
+                            per16 = name in _BIAS_SHIFT or name == "q2_k"   # the group's first and second 16 apart
+                            isums = _rows_sums(builder, chosen, quants,
+                                               lambda n: builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [n])),
+                                               [range(4), range(4, 8)] if per16 else [range(8)], signed, name)
                             if name in _BIAS_SHIFT:   # (Σ u · x - bias · Σ x) · scale, per 16
                                 for h in range(2):
                                     s = load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
@@ -448,7 +458,7 @@ def k_tile_dot8(name: str, n_tok: int):
                                 for h in range(2):
                                     totals[k] = builder.add(totals[k], builder.mul(isums[h], scales[h]))
                             else:
-                                isum = builder.add(*isums)
+                                isum = isums[0]
                                 if signed and chosen == "vnni":   # less 128 Σ xq over the group's 32
                                     s = load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
                                                                                      builder.mul(j, ir.Constant(I64, 2))), I32, 2)
