@@ -578,6 +578,37 @@ def test_attention_sinks(backend, runs):
         assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, window), want) > 1e-2
 
 
+@pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("paged", [False, True])
+def test_kv_shift(backend, type_k, type_v, neox, paged):
+    """A context shift moves a slot's rows down and turns its keys back, as the NumPy backend does:
+    partial rotary with per-pair factors, more positions moved than the shift (several launches),
+    the slot's rows before them and another slot's untouched."""
+    rng = np.random.default_rng(int(neox) + 2 * int(paged))
+    n_slots, n_ctx, n_kv, dk, dv, block = 3, 64, 2, 64, 32, 8
+    slot, src, n, delta = 1, 29, 30, 11
+    rope = (48, 500.0, 0.5, neox, rng.uniform(1, 4, 24).astype(np.float32))
+    caches = []
+    for b in (CPU, backend):
+        if paged:
+            tables = b.block_tables(n_slots, n_ctx // block)
+            for s, blocks in enumerate(np.random.default_rng(9).permutation(n_slots * n_ctx // block).reshape(n_slots, -1)):
+                b.write_block_table(tables, s, blocks.astype(np.int32).tolist())
+            caches.append(b.paged_kv_cache(tables, n_slots * n_ctx // block + 1, block, n_kv, dk, dv, type_k, type_v))
+        else:
+            caches.append(b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v))
+    _store(backend, caches, rng, [(s, 0, src + n) for s in range(n_slots)], n_kv, dk, dv)
+    CPU.kv_shift(caches[0], slot, src, n, delta, rope)
+    backend.kv_shift(caches[1], slot, src, n, delta, rope[:4] + (backend.xp.asarray(rope[4]),))
+    for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
+        stored = host(backend, getattr(caches[1], name))
+        got = reference(stored.reshape(-1, stored.shape[-1]), {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}[cache_type])
+        want = getattr(caches[0], name).astype(np.float32).reshape(got.shape)
+        # q8_0 may round a turned value to the next step where the two rotations differ in the last bit
+        assert_close(got, want, rtol={"f32": 1e-5, "f16": 1e-3, "q8_0": 2 / 127}[cache_type])
+
+
 def test_kv_store_rejects_writes_outside_the_cache(backend):
     cache = backend.kv_cache(2, 8, 1, 32, 32, "f16", "f16")
     k = backend.xp.zeros((1, 1, 32), np.float32)
