@@ -85,10 +85,10 @@ def model_path(name: str) -> Path:
 
 
 def copy_gguf(src: Path, dst: Path, meta: dict | None = None, tensors: dict | None = None,
-              vocab_only: bool = False) -> Path:
+              vocab_only: bool = False, keep=lambda name: True) -> Path:
     """Write src's metadata and tensors to dst, with metadata values and tensors replaced or added:
     meta {key: value}, tensors {name: (array, GGML type or None for the array's own type)}.
-    vocab_only: no tensors at all, as llama.cpp's vocabulary files."""
+    vocab_only: no tensors at all, as llama.cpp's vocabulary files; keep(name): whether src's tensor goes."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
     meta, tensors = dict(meta or {}), dict(tensors or {})
     reader = GGUFReader(src)
@@ -101,7 +101,7 @@ def copy_gguf(src: Path, dst: Path, meta: dict | None = None, tensors: dict | No
         writer.add_key_value(key, meta.pop(key, field.contents()), field.types[0], sub)
     for key, value in meta.items():
         writer.add_key_value(key, value, GGUFValueType.get_type(value))
-    for t in [] if vocab_only else reader.tensors:
+    for t in [] if vocab_only else [t for t in reader.tensors if keep(t.name)]:
         data, qtype = tensors.pop(t.name, (t.data, None))
         writer.add_tensor(t.name, data, raw_dtype=qtype)
     for name, (data, qtype) in tensors.items():

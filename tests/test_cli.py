@@ -112,7 +112,8 @@ def test_prompt_longer_than_context(env):
 
 def test_generation_stops_when_the_context_is_full(env):
     model = str(need(FIXTURES / "tiny-llama-f32.gguf"))
-    r = llogos(env, "generate", "-m", model, "-c", "12", "-p", "a b c", "--temp", "0", "--ignore-eos", "--json")
+    r = llogos(env, "generate", "-m", model, "-c", "12", "-p", "a b c", "--temp", "0", "--ignore-eos", "--json",
+               "--no-context-shift")   # by default a full context shifts (tests/test_context_shift.py)
     assert r.returncode == 0, r.stderr
     records = [json.loads(line) for line in r.stdout.splitlines()]
     assert records[-1]["stop"] == "limit"

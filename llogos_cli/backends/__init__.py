@@ -14,6 +14,7 @@ Every backend implements the same methods on its own array type (NumPy on CPU, C
               paged_kv_cache(tables, n_blocks, block_size, n_kv, dk, dv, type_k, type_v)
               block_tables(n_rows, max_blocks) · write_block_table(tables, row, blocks)
               attention(q, cache, layout, scale, window, softcap=0, sinks=None, causal=True)
+              kv_shift(cache, slot, src, n, delta, rope)
   ffn         glu(gate, up, gelu)
   encoders    layernorm(x, w, b, eps) · gelu(x): NumPy only (`encoders` True)
   experts     route(logits, k) · matmul_experts(x, w, experts, n_expert, weights=None)
@@ -42,6 +43,10 @@ forward pass; what it returns is handed to every layer's kv_store, attention, ss
                                  softcap * tanh(s / softcap) unless softcap is 0. Not causal
                                  (encoders), each token attends its run's keys up to the run's last
                                  position. -> (T, H, dv)
+  kv_shift(cache, slot, src, n, delta, rope)
+                                 a context shift: slot's positions src..src+n-1 move to
+                                 src-delta.., keys turned by -delta positions with rope =
+                                 (dims, base, freq_scale, neox, factors), only moved if None
   matmuls(x, ws)                 [x · wᵀ for w in ws]: the products that share an input (q, k
                                  and v; gate and up), which a backend may run as one
   matrices(raws, qtype)          matrices of one type loaded together, whose products will be

@@ -68,6 +68,7 @@ class Backend(Protocol):
                       attn_factor: float = 1.0) -> Array: ...   # rope of q and k, kv_store: the turned q
     def attention(self, q: Array, cache: KVCache, layout: Layout, scale: float, window: int,
                   softcap: float = 0.0, sinks: Array | None = None, causal: bool = True) -> Array: ...   # (T, H, dv)
+    def kv_shift(self, cache: KVCache, slot: int, src: int, n: int, delta: int, rope: tuple | None) -> None: ...
 
     # ------------------------------------------------------------------ recurrent layers
     def ssm_conv(self, x: Array, conv_state: Array, w: Array, layout: Layout) -> Array: ...

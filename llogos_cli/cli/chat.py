@@ -16,6 +16,7 @@ from llogos_cli.cli.options import (
     template_options,
 )
 from llogos_cli.cli.repl import Repl, ReplyOutput, stream
+from llogos_cli.cli.shift_options import context_shift_options
 from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.cli.text_input import read_file, read_stdin, unescape
 from llogos_cli.console import err, notice, warn
@@ -53,6 +54,7 @@ _BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Most tokens per reply; -1 = until the end of the turn or a full context.")
 @batch_options
+@context_shift_options(on=True)
 @sampling_options
 @speculation_options
 @reasoning_option
@@ -60,7 +62,7 @@ _BASE_FINETUNES = frozenset({"base", "pt", "pretrained"})
 @click.option("--simple-io", is_flag=True, help="Plain terminal: no colours, no line editing.")
 def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, system,
          system_file, messages, interactive, prompt, escape, single_turn, print_prompt, n_predict, batch_size,
-         split_reasoning, stats, simple_io):
+         split_reasoning, stats, simple_io, context_shift, keep):
     """Talk with a model through its chat template.
 
     On a terminal this opens a conversation (type /help in it). With a message piped on stdin, or
@@ -94,7 +96,8 @@ def chat(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParam
     m = model.load(mf, n_ctx)
     # One slot that keeps its tokens for the next turn, and a prefix cache for /load and /clear.
     engine = BatchEngine(m.model, mf.tokenizer, 1, n_ctx, model.cache_types, batch_size, keep_slots=True,
-                         speculation=speculation, draft_model=load_draft_model(speculation, model, m, n_ctx))
+                         speculation=speculation, draft_model=load_draft_model(speculation, model, m, n_ctx),
+                         context_shift=context_shift, n_keep=keep)
     talk = Chat(fmt, engine, sampling.params(mf.sampling_defaults), n_predict, conversation, split_reasoning)
     if in_terminal:
         if simple_io:

@@ -20,6 +20,7 @@ from llogos_cli.cli.options import (
     template_options,
 )
 from llogos_cli.cli.report import print_stats
+from llogos_cli.cli.shift_options import context_shift_options
 from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.cli.text_input import unescape
 from llogos_cli.console import err
@@ -44,6 +45,7 @@ from llogos_cli.model.loader import LoadOptions
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Tokens to generate; -1 = until end of generation or a full context.")
 @batch_options
+@context_shift_options(on=True)
 @sampling_options
 @speculation_options
 @grammar_options
@@ -62,7 +64,7 @@ from llogos_cli.model.loader import LoadOptions
 @click.option("--print-prompt", is_flag=True, help="With --chat: print the templated prompt and exit.")
 def generate(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, grammar: GrammarFlags,
              template: TemplateChoice, words, prompt, escape, file, tokens, n_predict, batch_size, stop, ignore_eos,
-             echo, special, as_json, logprobs, stats, chat, print_prompt):
+             echo, special, as_json, logprobs, stats, chat, print_prompt, context_shift, keep):
     """Continue a prompt and stream the continuation to stdout. The prompt may also follow the options
     as words, joined by spaces as llama-simple takes it (no escapes)."""
     if tokens is not None and (prompt is not None or file is not None):
@@ -108,7 +110,8 @@ def generate(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecP
     criteria = StopCriteria(n_predict, tuple(stop) + (fmt.stop_strings() if fmt else ()),
                             ignore_eos, fmt.stop_ids() if fmt else frozenset())
     gen = Generation.alone(m.model, tok, n_ctx, Request(0, ids, params, criteria, logprobs, constraint, special),
-                           model.cache_types, batch_size, speculation, load_draft_model(speculation, model, m, n_ctx))
+                           model.cache_types, batch_size, speculation, load_draft_model(speculation, model, m, n_ctx),
+                           context_shift, keep)
     out = sys.stdout
     if echo and not as_json:
         out.write(text if text is not None else tok.decode(ids, special=special))

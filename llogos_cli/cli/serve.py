@@ -14,6 +14,7 @@ import click
 
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import batch_options, model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.shift_options import context_shift_options
 from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
@@ -53,6 +54,7 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
               help="Memory the paged KV pool holds beyond its slots' contexts for blocks kept for prefix reuse "
                    "(the pool: at most half of what is free after loading); the least recently used go first. "
                    "0 turns the cache off.")
+@context_shift_options(on=False)
 @sampling_options
 @speculation_options
 @template_options
@@ -68,7 +70,7 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
               help="Serve the chat page at / (it asks for the --api-key once).")
 def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
           parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, alias, api_key,
-          api_key_file, webui):
+          api_key_file, webui, context_shift, keep):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -103,7 +105,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
             m = model.load(mf, n_ctx, parallel)
             engine = BatchEngine(m.model, tok, parallel, n_ctx, model.cache_types, batch_size,
                                  cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt,
-                                 speculation=speculation,
+                                 speculation=speculation, context_shift=context_shift, n_keep=keep,
                                  draft_model=load_draft_model(speculation, model, m, n_ctx, parallel))
         except (LlogosError, MemoryError) as e:
             failure.append(e)
@@ -111,7 +113,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
             return
         thread = EngineThread(engine, loop, parallel, queue_size, shared.metrics)
         thread.start()
-        defaults = RequestDefaults(params, n_predict, split_reasoning)
+        defaults = RequestDefaults(params, n_predict, split_reasoning, context_shift)
         shared.loaded = LoadedModel(thread, tok, chat, defaults, n_ctx)
         slots = f"{parallel} slot{'s' if parallel > 1 else ''}"
         err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.backend.name}, {slots} of {n_ctx} tokens)",

@@ -28,6 +28,7 @@ from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
 from llogos_cli.engine.speculation import Drafting, SpecParams, Speculator, verified
 from llogos_cli.engine.completion import Completion, Timings, Token
+from llogos_cli.engine.context_shift import ContextShift
 from llogos_cli.engine.draft_model import DraftModel
 from llogos_cli.engine.ngram_mod import NgramMod
 from llogos_cli.engine.stops import StopCriteria
@@ -49,6 +50,7 @@ class Request:
     special: bool = False            # control tokens' text in the output instead of hidden
     reasoning: Reasoning | None = None   # a chat reply's: how its reasoning is told from its answer
     cache_prompt: bool = True        # may start from KV an earlier request left (llama-server's cache_prompt)
+    n_keep: int | None = None        # prompt tokens a context shift keeps (-1: all; None: the engine's --keep)
 
 
 @dataclass(slots=True)
@@ -118,6 +120,7 @@ class Row:
     restore: list | None = None      # recurrent state to restore before its next chunk
     mark_at: int = -1                # the position before which the runner snapshots its state
     mark: tuple | None = None        # (position, snapshot) of its recurrent state there
+    shifted: bool = False            # its context has shifted (engine/context_shift.py)
     emitted: list[Token] = field(default_factory=list)
     drafting: Drafting = field(default_factory=Drafting)   # its speculative decoding
     started: float = 0.0
@@ -145,7 +148,8 @@ class BatchEngine:
     def __init__(self, model: Model, tokenizer, n_slots: int, n_ctx: int,
                  cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = PREFILL_BATCH,
                  prefix_cache_bytes: int = CACHE_RAM_MIB << 20, keep_slots: bool = False,
-                 speculation: SpecParams = SpecParams(), draft_model: Model | None = None):
+                 speculation: SpecParams = SpecParams(), draft_model: Model | None = None,
+                 context_shift: bool = False, n_keep: int = 0):
         self.tokenizer, self.n_ctx = tokenizer, n_ctx
         self.generates = bool(model.cfg.output)   # an encoder's engine only refuses, with a reason
         recurrent = any(model.cfg.recurrent)
@@ -154,6 +158,8 @@ class BatchEngine:
         n_blocks = _kv_pool_blocks(model, cache_types, n_slots, n_ctx, prefix_cache_bytes if cache_prefixes else 0)
         self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks), cache_prefixes, keep_slots, recurrent)
         self.runner = ModelRunner(model, n_slots, n_ctx, cache_types, n_blocks)
+        self.shift = (ContextShift(self.runner, self.scheduler.blocks, n_ctx, tokenizer.bos_id, recurrent, n_keep)
+                      if context_shift else None)
         self._done: list[Update] = []    # requests that ended before needing a slot
         self._forks: dict[Row, list[Row]] = {}   # a prompt's first row -> its other choices, until it is prefilled
 
@@ -198,7 +204,7 @@ class BatchEngine:
         check_fits(len(request.prompt), self.n_ctx)
         sampler = Sampler(request.params, self.n_ctx, self.tokenizer)
         completion = Completion(self.tokenizer, request.prompt, sampler, request.criteria, self.n_ctx,
-                                request.n_logprobs, request.special, request.grammar)
+                                request.n_logprobs, request.special, request.grammar, self.shift is not None)
         return Row(request, completion, list(request.prompt))
 
     def _release_forks(self, row: Row) -> None:
@@ -232,6 +238,8 @@ class BatchEngine:
 
     def step(self) -> list[Update]:
         updates, self._done = self._done, []
+        if self.shift is not None:
+            updates += self._make_room()
         work = self.scheduler.schedule(self._drafts())
         if not work:
             return updates
@@ -250,6 +258,16 @@ class BatchEngine:
                 w.row.n_cached = w.end
         for w, choices in zip(sampling, chosen):
             updates += self._fold(w, choices, now)
+        return updates
+
+    def _make_room(self) -> list[Update]:
+        """Rows whose last token has no position left in the context: shifted, or ended."""
+        updates = []
+        for row in [row for row in self.scheduler.running if len(row.tokens) > self.n_ctx]:
+            if not self.shift.make_room(row):
+                row.completion.fill_context()
+                self.scheduler.finish(row)
+                updates.append(Update(row.request.id, None, row.result(time.perf_counter())))
         return updates
 
     def _drafts(self) -> dict:
@@ -293,7 +311,8 @@ class BatchEngine:
             return
         for w in work:
             row = w.row
-            row.n_sealed = self.scheduler.blocks.seal(row.blocks, row.tokens, w.end, row.n_sealed)
+            if not row.shifted:   # its KV past n_keep is no longer its tokens' alone
+                row.n_sealed = self.scheduler.blocks.seal(row.blocks, row.tokens, w.end, row.n_sealed)
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Run every request, yielding each result as it finishes. Requests are pulled from the

@@ -54,12 +54,13 @@ class Completion:
     "eos": the reply is whole. The scheduled unit that holds it is the engine's Row."""
 
     def __init__(self, tokenizer, prompt: list[int], sampler: Sampler, criteria: StopCriteria, n_ctx: int,
-                 n_logprobs: int = 0, special: bool = False, grammar: Grammar | None = None):
+                 n_logprobs: int = 0, special: bool = False, grammar: Grammar | None = None, shifts: bool = False):
         self.tokenizer, self.prompt, self.sampler, self.criteria = tokenizer, prompt, sampler, criteria
         self.n_logprobs = n_logprobs
         self.matcher = Matcher(grammar, tokenizer) if grammar is not None else None
         self.generated: list[int] = []
-        self.room = n_ctx - len(prompt)        # tokens that still fit in the context
+        self.room = n_ctx - len(prompt)        # tokens that fit in the context before it fills (or shifts)
+        self.shifts = shifts                   # a full context shifts (engine/context_shift.py) instead of ending it
         self.stop: str | None = None
         self.tail = ""
         self.context_full = False
@@ -72,7 +73,7 @@ class Completion:
     @property
     def wants_more(self) -> bool:
         n = len(self.generated)
-        return (self.criteria.n_predict < 0 or n < self.criteria.n_predict) and n < self.room
+        return (self.criteria.n_predict < 0 or n < self.criteria.n_predict) and (self.shifts or n < self.room)
 
     @property
     def plain_greedy(self) -> bool:
@@ -113,8 +114,17 @@ class Completion:
             self._end("limit")
         return token
 
+    def shifted(self, n_discard: int) -> None:
+        """The context dropped n_discard tokens: that much more room before it fills again."""
+        self.room += n_discard
+
+    def fill_context(self) -> None:
+        """The context is full and cannot shift: the completion ends as at its limit."""
+        self._end("limit")
+        self.context_full = True
+
     def _end(self, why: str) -> None:
         self.stop = why
-        self.context_full = why == "limit" and len(self.generated) >= self.room
+        self.context_full = why == "limit" and not self.shifts and len(self.generated) >= self.room
         if why != "stop-string":
             self.tail = self._stops.push(self._decoder.flush()) + self._stops.flush()

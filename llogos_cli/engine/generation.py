@@ -25,10 +25,12 @@ class Generation:
     @classmethod
     def alone(cls, model, tokenizer, n_ctx: int, request: Request,
               cache_types: tuple[str | None, str | None] = (None, None), step_tokens: int = PREFILL_BATCH,
-              speculation: SpecParams = SpecParams(), draft_model=None) -> "Generation":
+              speculation: SpecParams = SpecParams(), draft_model=None, context_shift: bool = False,
+              n_keep: int = 0) -> "Generation":
         """The request on a one-slot engine of its own, without a prefix cache (`generate`)."""
         return cls(BatchEngine(model, tokenizer, 1, n_ctx, cache_types, step_tokens, prefix_cache_bytes=0,
-                               speculation=speculation, draft_model=draft_model), request)
+                               speculation=speculation, draft_model=draft_model, context_shift=context_shift,
+                               n_keep=n_keep), request)
 
     stop = property(lambda self: self.result.stop if self.result is not None else "")
     context_full = property(lambda self: self.result is not None and self.result.context_full)

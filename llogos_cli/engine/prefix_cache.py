@@ -110,6 +110,25 @@ class BlockManager:
             parent = digest
         return new
 
+    def own(self, table: list[int], first: int) -> list[tuple[int, int]] | None:
+        """Make table[first:] the row's alone to write in place (a context shift): a block other
+        rows hold too is swapped for a fresh one, a named block held here alone loses its name (its
+        contents will no longer be its tokens'). -> (source, destination) of each swapped block,
+        whose KV the caller copies; None, and nothing changed, when too few blocks are free."""
+        shared = [i for i in range(first, len(table)) if self.blocks[table[i]].refs > 1]
+        if len(shared) > self.n_free:
+            return None
+        copies = []
+        for i in range(first, len(table)):
+            block = self.blocks[table[i]]
+            if block.refs > 1:
+                block.refs -= 1   # the other rows keep it
+                table[i] = self.take(1)[0]
+                copies.append((block.id, table[i]))
+            else:
+                self._name(block, ROOT)
+        return copies
+
     def release(self, table: list[int]) -> None:
         """A row is done with its blocks. The last block goes to the LRU list first, so a prefix's
         tail is evicted before its head, which more prompts share; an unnamed block, which no

@@ -17,6 +17,7 @@ from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.engine.scheduler import Work
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.forward import Model
+from llogos_cli.model.kv_shift import shift_kv
 
 
 class ModelRunner:
@@ -58,6 +59,15 @@ class ModelRunner:
                                           else []) for w in work])
             logits = self.model.forward(self.cache, batch)
         return self._sample(sampling, logits)
+
+    def shift(self, row, copies: list[tuple[int, int]], n_keep: int, n_discard: int, n_past: int) -> None:
+        """A context shift of the row (engine/context_shift.py): the blocks it no longer shares
+        take a copy of the shared ones' KV, then its positions past n_keep + n_discard move down."""
+        for src, dst in copies:
+            self.cache.copy_block(dst, src, BLOCK_SIZE)
+        self.model.backend.write_block_table(self.cache.block_tables, row.slot, row.blocks)
+        self._written[row.slot] = list(row.blocks)
+        shift_kv(self.model, self.cache, row.slot, n_keep, n_discard, n_past)
 
     def _sample(self, work: list[Work], logits) -> list["Choices"]:
         b = self.model.backend

@@ -112,7 +112,7 @@ class Scheduler:
         never with keep=False, a row cut short whose cache may be half-written)."""
         self.running.remove(row)
         self.slots.give(row.slot)
-        if self.keep_slots and keep:
+        if self.keep_slots and keep and not row.shifted:   # a shifted row's KV is not its tokens' alone
             self.parked[row.slot] = row
         else:
             self.blocks.release(row.blocks)

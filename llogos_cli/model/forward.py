@@ -126,7 +126,7 @@ class Model:
     def _decode(self, batch: Batch, cache: Cache, layout):
         """A decoder's layers over the batch: -> (T, n_embd), before the final norm."""
         c, b, w = self.cfg, self.backend, self.w
-        factors = self._rope_factors(cache.n_ctx)                       # (rope_dims / 2,) or None
+        factors = self.rope_factors(cache.n_ctx)                       # (rope_dims / 2,) or None
         x = b.embed(w["token_embd.weight"], batch.tokens)               # (T, n_embd)
         if c.embed_scale != 1.0:
             x = b.scale(x, c.embed_scale)                               # (T, n_embd)
@@ -194,7 +194,15 @@ class Model:
         """The module of this family's recurrent layers: LFM2's short convolutions or Gated DeltaNet."""
         return shortconv if self.cfg.conv_kernel else deltanet
 
-    def _rope_factors(self, n_ctx: int):
+    def rope_args(self, il: int, factors) -> tuple:
+        """Layer il's rotation as the backend's rope takes it: (dims, base, freq_scale, neox,
+        per-pair divisors or None, attn_factor); factors from rope_factors."""
+        c = self.cfg
+        if self._yarn:
+            return c.rope_dims, c.rope_base[il], 1.0, c.rope_neox, *self._yarn[il]
+        return c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors, c.rope_attn_factor
+
+    def rope_factors(self, n_ctx: int):
         """Each rotated pair's frequency divisor, or None: Llama 3.1+'s rope_freqs, or Phi-3's long-context
         factors for contexts past the trained one and its short ones otherwise, as llama.cpp chooses."""
         w = self.w
@@ -226,10 +234,7 @@ class Model:
             q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)  # (T, n_head, dk)
             k = b.rmsnorm(k, w[p + "attn_k_norm.weight"], c.norm_eps)  # (T, n_head_kv, dk)
         if c.rope_layers[il]:
-            rope = (c.rope_dims, c.rope_base[il], c.rope_freq_scale[il], c.rope_neox, factors, c.rope_attn_factor)
-            if self._yarn:
-                rope = (c.rope_dims, c.rope_base[il], 1.0, c.rope_neox, *self._yarn[il])
-            q = b.rope_kv_store(kv, q, k, v, layout, *rope)   # (T, n_head, dk); k turned and stored, v stored
+            q = b.rope_kv_store(kv, q, k, v, layout, *self.rope_args(il, factors))   # (T, n_head, dk); k turned and stored, v stored
         else:
             b.kv_store(kv, k, v, layout)
         o = b.attention(q, kv, layout, c.attn_scale, c.window[il], c.attn_softcap,

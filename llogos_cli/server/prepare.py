@@ -30,6 +30,7 @@ class RequestDefaults:
     params: SamplingParams
     n_predict: int
     split_reasoning: bool = True   # --reasoning-format auto: a reply's reasoning in reasoning_content
+    context_shift: bool = False    # --context-shift: max_tokens may pass the context
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,7 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
         raise ApiError(400, f"the prompt has {len(ids)} tokens, more than the context of {n_ctx}",
                        code="context_length_exceeded")
     n_predict = defaults.n_predict if body.limit is None else body.limit
-    if body.limit is not None and n_predict > n_ctx - len(ids):
+    if body.limit is not None and n_predict > n_ctx - len(ids) and not defaults.context_shift:
         raise ApiError(400, f"max_tokens {n_predict} does not fit: the prompt has {len(ids)} tokens and the "
                        f"context {n_ctx}, leaving {n_ctx - len(ids)}", code="context_length_exceeded",
                        param="max_tokens")
@@ -154,7 +155,8 @@ def _prepared(kind: str, body, ids: list[int], criteria: StopCriteria, defaults:
     rid = f"{kind}-{secrets.token_hex(12)}"
     criteria = replace(criteria, n_predict=n_predict)
     requests = tuple(Request(rid if body.n == 1 else f"{rid}/{i}", ids, _choice_params(params, i), criteria,
-                             _engine_logprobs(n_top, params), grammar, cache_prompt=body.cache_prompt)
+                             _engine_logprobs(n_top, params), grammar, cache_prompt=body.cache_prompt,
+                             n_keep=body.n_keep)
                      for i in range(body.n))
     return Prepared(rid, requests, n_top, return_tokens=body.return_tokens)
 

@@ -181,6 +181,7 @@ class _Generation(RequestFields):
     logit_bias: dict[str, Bias] | list[tuple[Annotated[int, Field(ge=0)] | str, Bias]] | None = None
     # llama-server's fields
     cache_prompt: bool = True                 # false: evaluate the whole prompt, reusing no cached KV
+    n_keep: Annotated[int, Field(ge=-1)] | None = None   # prompt tokens a context shift keeps; None: --keep
     n_probs: TopN | None = None               # top log-probabilities per token, as top_logprobs
     id_slot: Annotated[int, Field(ge=-1)] | None = None   # accepted; the server picks the slot
     return_tokens: bool = False               # each choice's token ids, as "tokens"

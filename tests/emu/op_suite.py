@@ -479,6 +479,20 @@ CACHE_PAIRS = [("f32", "f32"), ("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "f16")
 _CACHE_QTYPE = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0, "q4_0": QType.Q4_0, "iq4_nl": QType.IQ4_NL}
 
 
+# One rounding step of each cache type, relative to the data's largest magnitude: a value an ulp of
+# float arithmetic apart from another may be stored a step away from it. iq4_nl's widest gap
+# between levels is 24 of 127.
+ROUNDING_STEP = {"f32": 2e-6, "f16": 1e-3, "q8_0": 1 / 127, "q4_0": 1 / 8, "iq4_nl": 24 / 127}
+
+
+def _decoded(b, cache, name: str, cache_type: str) -> np.ndarray:
+    """A backend's stored keys or values as float32 rows, decoded by gguf."""
+    if b is CPU and getattr(cache, name).dtype != np.uint8:   # the NumPy backend's float rows (q8_0 rounded)
+        return getattr(cache, name).astype(np.float32).reshape(-1, getattr(cache, name).shape[-1])
+    stored = host(b, getattr(cache, name))
+    return reference(stored.reshape(-1, stored.shape[-1]), _CACHE_QTYPE[cache_type])
+
+
 def _check_cached(backend, caches, type_k, type_v, shape_k, shape_v):
     """Both backends' caches hold the same values: the GPU's rows decoded by gguf, against the
     CPU's float rows or its packed 4-bit rows decoded alike (bytes equal but for the rare f16 scale
@@ -608,11 +622,39 @@ def test_rope_kv_store(backend, type_k, type_v, neox, dims):
     got = backend.rope_kv_store(caches[1], xp.asarray(q), xp.asarray(k), xp.asarray(v), layout, *turn,
                                 xp.asarray(factors), 1.2)
     assert_close(host(backend, got), want, rtol=2e-6)
-    step = {"f32": 2e-6, "f16": 1e-3, "q8_0": 1 / 127}
     for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
-        stored = host(backend, getattr(caches[1], name))
-        decoded = reference(stored.reshape(-1, stored.shape[-1]), {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}[cache_type])
-        assert_close(decoded.reshape(n_slots, n_kv, n_ctx, d), getattr(caches[0], name).astype(np.float32), rtol=step[cache_type])
+        got, want = (_decoded(backend if i else CPU, caches[i], name, cache_type) for i in (1, 0))
+        assert_close(got.reshape(n_slots, n_kv, n_ctx, d), want.reshape(n_slots, n_kv, n_ctx, d),
+                     rtol=ROUNDING_STEP[cache_type])
+
+
+@pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("paged", [False, True])
+def test_kv_shift(backend, type_k, type_v, neox, paged):
+    """A context shift moves a slot's rows down and turns its keys back, as the NumPy backend does:
+    partial rotary with per-pair factors, more positions moved than the shift (several launches),
+    the slot's rows before them and another slot's untouched."""
+    rng = np.random.default_rng(int(neox) + 2 * int(paged))
+    n_slots, n_ctx, n_kv, dk, dv, block = 3, 64, 2, 64, 32, 8
+    slot, src, n, delta = 1, 29, 30, 11
+    rope = (48, 500.0, 0.5, neox, rng.uniform(1, 4, 24).astype(np.float32))
+    caches = []
+    for b in (CPU, backend):
+        if paged:
+            tables = b.block_tables(n_slots, n_ctx // block)
+            for s, blocks in enumerate(np.random.default_rng(9).permutation(n_slots * n_ctx // block).reshape(n_slots, -1)):
+                b.write_block_table(tables, s, blocks.astype(np.int32).tolist())
+            caches.append(b.paged_kv_cache(tables, n_slots * n_ctx // block + 1, block, n_kv, dk, dv, type_k, type_v))
+        else:
+            caches.append(b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v))
+    _store(backend, caches, rng, [(s, 0, src + n) for s in range(n_slots)], n_kv, dk, dv)
+    CPU.kv_shift(caches[0], slot, src, n, delta, rope)
+    backend.kv_shift(caches[1], slot, src, n, delta, rope[:4] + (backend.xp.asarray(rope[4]),))
+    for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
+        got, want = (_decoded(backend if i else CPU, caches[i], name, cache_type) for i in (1, 0))
+        # a quantized type may round a turned value to the next step where the two rotations differ in the last bit
+        assert_close(got, want.reshape(got.shape), rtol=max(1e-5, 2 * ROUNDING_STEP[cache_type]))
 
 
 def test_kv_store_rejects_writes_outside_the_cache(backend):

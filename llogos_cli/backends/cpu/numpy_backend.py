@@ -19,6 +19,7 @@ from llogos_cli.backends import MIN_PRODUCT_ROW, ROUTES_KEPT
 from llogos_cli.backends.cpu.cpu_threads import CpuThreads
 from llogos_cli.backends.cpu.numpy_attention import AttentionOps, Layout
 from llogos_cli.backends.cpu.numpy_experts import ExpertOps
+from llogos_cli.backends.cpu.numpy_kv_shift import KVShiftOps
 from llogos_cli.backends.cpu.numpy_recurrent import RecurrentOps
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
@@ -60,7 +61,7 @@ class _Products:
     firsts: list | None         # where they were joined into one matrix: each one's first row, and the end
 
 
-class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps):
+class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
     name = "cpu"
     graphs = False               # no capture: the runner runs each decode step eagerly
     default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to

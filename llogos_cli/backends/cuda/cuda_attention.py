@@ -101,6 +101,28 @@ def kv_store(k, cache: KVCache, keys, values, layout: Layout) -> None:
              *cache.where(layout.slots)))
 
 
+def kv_shift(k, cache: KVCache, slot: int, src: int, n: int, delta: int, rope: tuple | None, ones) -> None:
+    """Positions src..src+n-1 of slot move to src-delta.., keys turned by -delta positions with
+    rope = (dims, base, freq_scale, neox, factors or None; ones: factors of 1) or only moved."""
+    dims, base, freq_scale, neox, factors = rope or (0, 0.0, 1.0, False, None)
+    factors = ones(max(1, dims // 2)) if factors is None else factors
+    check(factors, np.float32, "factors")
+    if cache.tables is not None:
+        check(cache.tables, np.int32, "block tables")
+    for store, cache_type, d, turn in ((cache.k, cache.type_k, cache.dk, rope is not None),
+                                       (cache.v, cache.type_v, cache.dv, False)):
+        check(store, np.uint8, "cache")
+        n_kv = store.shape[1]
+        # Chunks of at most delta positions: a launch never reads a row that it writes.
+        for first in range(src, src + n, delta):
+            count = min(delta, src + n - first)
+            k.function("kv_shift", f"kv_shift_{cache_type}_{'neox' if neox else 'norm'}")(
+                (cdiv(count * n_kv, _THREADS),), (_THREADS,),
+                (store, np.int32(slot), np.int32(first), np.int32(count), np.int32(delta), np.int32(n_kv),
+                 np.int32(d), np.int32(turn), np.int32(dims), np.float32(base), np.float32(freq_scale), factors,
+                 *cache.where(factors)))
+
+
 def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0, sinks=None):
     """Each query of q (T, H, dk) over its own slot's cached keys up to its position, scores
     soft-capped by softcap unless 0, and each head's sink (sinks (H,)) joining its softmax's

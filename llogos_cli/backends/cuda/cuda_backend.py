@@ -207,10 +207,14 @@ class CudaBackend:
 
     def _factors(self, dims: int, factors):
         if factors is None:
-            factors = self._ones.get(dims // 2)
-            if factors is None:
-                factors = self._ones[dims // 2] = self.xp.ones(dims // 2, np.float32)
+            factors = self._ones_of(dims // 2)
         return factors
+
+    def _ones_of(self, n: int):
+        """n factors of 1, kept: the frequency divisors of a rotation that has none."""
+        if n not in self._ones:
+            self._ones[n] = self.xp.ones(n, np.float32)
+        return self._ones[n]
 
     def glu(self, gate, up, gelu: bool):
         x8 = self._q8_for(gate)
@@ -264,6 +268,9 @@ class CudaBackend:
         if not causal:
             raise LlogosError("the cuda backend has no attention that is not causal yet; use --backend cpu")
         return cuda_attention.attention(self.kernels, self._c(q), cache, layout, scale, window, softcap, sinks)
+
+    def kv_shift(self, cache: KVCache, slot: int, src: int, n: int, delta: int, rope: tuple | None) -> None:
+        cuda_attention.kv_shift(self.kernels, cache, slot, src, n, delta, rope, self._ones_of)
 
     # ---------------------------------------------------------------- recurrence (Gated DeltaNet, LFM2)
     def zeros(self, shape: tuple[int, ...]):
