@@ -15,7 +15,7 @@ position (the causal mask) are never read, nor those before its window.
 import numpy as np
 
 from llogos_cli.backends.cpu.cpu_jit import exp32, parallel_kernel, prange, share_out
-from llogos_cli.backends.cpu.cpu_simd_attention import HEAD_MULTIPLE, KEYS, key_scores, value_sums
+from llogos_cli.backends.cpu.cpu_simd_attention import HEAD_MULTIPLE, KEYS, cached_key_scores, cached_value_sums
 
 TILE = 32         # query positions of one tile: with a group's heads, the queries sharing each chunk
 CHUNK = 4 * KEYS  # key positions of one chunk: its keys and values (16 KiB each at head size 64) fit L1
@@ -71,7 +71,7 @@ def _attend_tiles(q, k, v, blocks, last, tile_bounds, scale, window, softcap, si
                     continue
                 j = a
                 while wide and j + KEYS <= b:
-                    key_scores(k, (row0 + j) * dk, qs[m], scores, j - a)
+                    cached_key_scores(k, (row0 + j) * dk, qs[m], scores, j - a)
                     j += KEYS
                 for j in range(j, b):
                     key = k[blocks[t0, block], g, j - block * B]
@@ -99,7 +99,7 @@ def _attend_tiles(q, k, v, blocks, last, tile_bounds, scale, window, softcap, si
                 total[m] += added
                 j = a
                 while wide and j + KEYS <= b:
-                    value_sums(v, (row0 + j) * dv, scores, j - a, acc[m])
+                    cached_value_sums(v, (row0 + j) * dv, scores, j - a, acc[m])
                     j += KEYS
                 for j in range(j, b):
                     p, value = scores[j - a], v[blocks[t0, block], g, j - block * B]
