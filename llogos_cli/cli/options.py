@@ -258,6 +258,20 @@ escape_option = click.option("-e", "--escape/--no-escape", default=True,
 
 sampling_options = _grouped(_SAMPLING_OPTIONS, SamplingOverrides, "sampling")
 model_options = _grouped(_MODEL, LoadOptions, "model")
+
+
+def several_models(f):
+    """model_options with -m repeatable (serve's router mode, as llama-server's): `model` has the first
+    -m, `model_names` every one given."""
+    grouped = _grouped([], LoadOptions, "model")(f)
+
+    @functools.wraps(f)
+    def command(model_name: tuple[str, ...], **kwargs):
+        return grouped(model_name=model_name[0] if model_name else None, model_names=model_name, **kwargs)
+    several = click.option("-m", "--model", "model_name", metavar="NAME|PATH", multiple=True,
+                           help="A name from models.toml or a path to a .gguf file; given several times, "
+                                "requests are routed by their model field. [default: models.toml's default]")
+    return _apply([several, *_MODEL[1:]])(command)
 template_options = _grouped(_TEMPLATE, TemplateChoice, "template")
 grammar_options = _grouped(_GRAMMAR, GrammarFlags, "grammar")
 

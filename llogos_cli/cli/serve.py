@@ -8,12 +8,13 @@ in-flight requests finish for a few seconds, cancels the rest, and exits 0.
 import ipaddress
 import socket
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from llogos_cli.cli.group import cli
-from llogos_cli.cli.options import batch_options, model_options, reasoning_option, sampling_options, template_options
+from llogos_cli.cli.options import batch_options, several_models, reasoning_option, sampling_options, template_options
 from llogos_cli.cli.shift_options import context_shift_options
 from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.console import err, warn
@@ -25,12 +26,13 @@ from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.errors import LlogosError
 from llogos_cli.model.loader import LoadOptions
+from llogos_cli.model.registry import resolve_model
 
 GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM before they are cancelled
 
 
 @cli.command()
-@model_options
+@several_models
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but loopback lets other machines in: add --api-key.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
@@ -68,9 +70,17 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
               help="API keys one a line, taken as --api-key's are (with them, if both are given).")
 @click.option("--webui/--no-webui", default=True, show_default=True,
               help="Serve the chat page at / (it asks for the --api-key once).")
+@click.option("--models-dir", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
+              help="Router mode (llama-server's): serve every GGUF in DIR, each request by its model field "
+                   "(a file's name without .gguf), loading each on its first request.")
+@click.option("--models-max", type=click.IntRange(min=0), default=4, show_default=True, metavar="N",
+              help="Router mode: models loaded at once; beyond them the least recently used idle one is "
+                   "unloaded. 0 = no limit.")
+@click.option("--slots/--no-slots", default=True, show_default=True,
+              help="Serve GET /slots: what each slot is doing (llama-server's).")
 def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
           parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, alias, api_key,
-          api_key_file, webui, context_shift, keep):
+          api_key_file, webui, slots, models_dir, models_max, model_names, context_shift, keep):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -78,57 +88,86 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         from llogos_cli.server.guards import api_keys
         from llogos_cli.server.metrics import Metrics
         from llogos_cli.server.prepare import RequestDefaults
+        from llogos_cli.server.router import Router, sources
         from llogos_cli.server.run import run
     except ImportError as e:
         raise LlogosError(f"`llogos serve` needs the server extra ({e.name} is missing): "
                           "pip install 'llogos[server]'") from None
 
     keys = api_keys(api_key, api_key_file)
-    mf = model.open(generates=False)   # an encoder serves embeddings alone
-    tok = mf.tokenizer
-    params = sampling.params(mf.sampling_defaults)
-    chat = template.format_or_none(mf)
-    n_ctx = model.n_ctx(mf)
+    routed = sources(model_names, models_dir) if len(model_names) > 1 or models_dir else None
+    if routed:
+        for source in routed.values():
+            resolve_model(source)   # a name or path that is not there fails now, not on its first request
+    mf = None if routed else model.open(generates=False)   # an encoder serves embeddings alone
+    # the one model's template and sampling are checked before it loads; a routed model's as it loads
+    settings = None if routed else (template.format_or_none(mf), sampling.params(mf.sampling_defaults))
     sock = _listen(host, port)
     where = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
-    model_id = alias or (mf.entry.name if mf.entry else mf.path.name)
+    model_id = "router" if routed else alias or (mf.entry.name if mf.entry else mf.path.name)
     if not _loopback(host):
         warn(f"listening on {host}: other machines can reach this server"
              f"{'' if keys else ', and it has no --api-key'}")
     failure: list[BaseException] = []
 
+    slots_text = f"{parallel} slot{'s' if parallel > 1 else ''}"
+
+    def build(opened, name: str, loop, chat, params):
+        """The model loaded with its engine thread running; and the backend it runs on."""
+        n_ctx = model.n_ctx(opened)
+        m = model.load(opened, n_ctx, parallel)
+        engine = BatchEngine(m.model, opened.tokenizer, parallel, n_ctx, model.cache_types, batch_size,
+                             cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt, speculation=speculation,
+                             context_shift=context_shift, n_keep=keep,
+                             draft_model=load_draft_model(speculation, model, m, n_ctx, parallel))
+        thread = EngineThread(engine, loop, parallel, queue_size, shared.metrics)
+        thread.start()
+        defaults = RequestDefaults(params, n_predict, split_reasoning, context_shift)
+        return LoadedModel(thread, opened.tokenizer, chat, defaults, n_ctx, name, str(opened.path)), m.model.backend.name
+
     def start(loop):
+        if routed:
+            shared.router = Router(routed, lambda name, source: load_routed(name, source, loop), unload, models_max)
+            err.print(f"llogos serve: listening on {where} (router: {', '.join(routed)}; up to "
+                      f"{models_max or 'any number of'} loaded, {slots_text} each)", markup=False, highlight=False,
+                      soft_wrap=True)
+            return
         threading.Thread(target=load_then_run, args=(loop,), name="llogos-load", daemon=True).start()
+
+    def load_routed(name: str, source: str, loop):
+        opened = replace(model, model_name=source).open(generates=False)
+        loaded, backend = build(opened, name, loop, template.format_or_none(opened),
+                                sampling.params(opened.sampling_defaults))
+        err.print(f"llogos serve: loaded {name} on {backend}", markup=False, highlight=False, soft_wrap=True)
+        return loaded
+
+    def unload(loaded):
+        loaded.engine.stop(timeout=GRACE_S)
+        err.print(f"llogos serve: unloaded {loaded.name}", markup=False, highlight=False, soft_wrap=True)
 
     def load_then_run(loop):
         try:
-            m = model.load(mf, n_ctx, parallel)
-            engine = BatchEngine(m.model, tok, parallel, n_ctx, model.cache_types, batch_size,
-                                 cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt,
-                                 speculation=speculation, context_shift=context_shift, n_keep=keep,
-                                 draft_model=load_draft_model(speculation, model, m, n_ctx, parallel))
+            shared.loaded, backend = build(mf, model_id, loop, *settings)
         except (LlogosError, MemoryError) as e:
             failure.append(e)
             app.state.server.should_exit = True
             return
-        thread = EngineThread(engine, loop, parallel, queue_size, shared.metrics)
-        thread.start()
-        defaults = RequestDefaults(params, n_predict, split_reasoning, context_shift)
-        shared.loaded = LoadedModel(thread, tok, chat, defaults, n_ctx)
-        slots = f"{parallel} slot{'s' if parallel > 1 else ''}"
-        err.print(f"llogos serve: listening on {where} ({model_id} on {m.model.backend.name}, {slots} of {n_ctx} tokens)",
-                  markup=False, highlight=False, soft_wrap=True)
+        err.print(f"llogos serve: listening on {where} ({model_id} on {backend}, {slots_text} of "
+                  f"{shared.loaded.n_ctx} tokens)", markup=False, highlight=False, soft_wrap=True)
+
+    def running() -> list:
+        return shared.router.each_loaded() if shared.router else [shared.loaded] if shared.loaded else []
 
     def close():
-        if shared.loaded is not None:
-            shared.loaded.engine.close()
+        for loaded in running():
+            loaded.engine.close()
 
     def stop():
-        if shared.loaded is not None:
-            shared.loaded.engine.stop(timeout=GRACE_S)
+        for loaded in running():
+            loaded.engine.stop(timeout=GRACE_S)
 
-    shared = ServerState(model_id, keys, Metrics(parallel), start, stop, model_path=str(mf.path))
-    app = create_app(shared, web_page=webui)
+    shared = ServerState(model_id, keys, Metrics(parallel), start, stop)
+    app = create_app(shared, web_page=webui, slots=slots)
     run(app, sock, GRACE_S, close)
     if failure:
         raise failure[0]

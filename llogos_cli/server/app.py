@@ -25,11 +25,12 @@ from starlette.exceptions import HTTPException
 
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.errors import LlogosError
-from llogos_cli.server import anthropic, anthropic_schemas, embeddings, responses, responses_schemas, schemas, webui
+from llogos_cli.server import anthropic, anthropic_schemas, embeddings, native, responses, responses_schemas, schemas, webui
 from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
 from llogos_cli.server.metrics import Metrics
+from llogos_cli.server.native_render import NativeRenderer
 from llogos_cli.server.props import props
 from llogos_cli.server.prepare import (
     RequestDefaults,
@@ -39,6 +40,7 @@ from llogos_cli.server.prepare import (
 )
 from llogos_cli.server.render import ChatRenderer, Choices, CompletionRenderer, Envelope
 from llogos_cli.server.request_log import RequestLog
+from llogos_cli.server.router import Router
 
 RETRY_AFTER_S = 1   # what a client told the queue is full should wait before trying again
 
@@ -51,6 +53,8 @@ class LoadedModel:
     chat: ChatFormat | None
     defaults: RequestDefaults
     n_ctx: int
+    name: str = ""    # the model's name in the API
+    path: str = ""    # its GGUF file
 
 
 class ServerState:
@@ -58,10 +62,11 @@ class ServerState:
     and the start and stop of the work behind them, run by the app's lifespan."""
 
     def __init__(self, model_id: str, api_key: tuple[str, ...], metrics: Metrics,
-                 start: Callable[[asyncio.AbstractEventLoop], None], stop: Callable[[], None], model_path: str = ""):
-        self.model_id, self.api_key, self.metrics, self.model_path = model_id, api_key, metrics, model_path
+                 start: Callable[[asyncio.AbstractEventLoop], None], stop: Callable[[], None]):
+        self.model_id, self.api_key, self.metrics = model_id, api_key, metrics
         self.start, self.stop = start, stop
         self.loaded: LoadedModel | None = None
+        self.router: Router | None = None   # router mode: the models, by name, in place of `loaded`
         self.created = int(time.time())
 
     def ready(self) -> LoadedModel:
@@ -69,8 +74,13 @@ class ServerState:
             raise ApiError(503, "Loading model", code="model_loading")
         return self.loaded
 
+    async def model(self, name: str | None) -> LoadedModel:
+        """The model a request names: in router mode that one, loaded if it is not; else the one model
+        (whatever the request names, as llama-server does)."""
+        return await self.router.get(name) if self.router is not None else self.ready()
 
-def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = True) -> FastAPI:
+
+def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = True, slots: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         shared.start(asyncio.get_running_loop())
@@ -96,8 +106,9 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         return _error_response(request, ApiError(e.status_code, str(e.detail), headers=e.headers))
 
     @app.get("/health")
+    @app.get("/v1/health")
     async def health():
-        if shared.loaded is None:
+        if shared.loaded is None and shared.router is None:
             return ApiError(503, "Loading model", code="model_loading").response()
         return {"status": "ok"}
 
@@ -107,43 +118,86 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models() -> schemas.ModelList:
+        if shared.router is not None:
+            return schemas.ModelList(data=[schemas.ModelCard(id=name, created=shared.created, path=path,
+                                                             status=shared.router.status(name))
+                                           for name, path in shared.router.models.items()])
         return schemas.ModelList(data=[schemas.ModelCard(id=shared.model_id, created=shared.created)])
 
     @app.get("/props", dependencies=[Depends(authorized)])
-    async def server_props():
-        return props(shared.model_path, shared.metrics.n_slots, shared.ready())
+    async def server_props(request: Request):
+        loaded = await shared.model(request.query_params.get("model"))
+        return props(loaded.path, shared.metrics.n_slots, loaded, loaded.name)
+
+    @app.get("/slots", dependencies=[Depends(authorized)])
+    async def slot_states(request: Request):
+        if not slots:
+            raise ApiError(501, "this server does not serve /slots: start it with --slots")
+        loaded = await shared.model(request.query_params.get("model"))
+        try:
+            states = await loaded.engine.call(lambda: native.slots(loaded.engine.engine, shared.metrics.n_slots,
+                                                                   loaded.defaults))
+        except LlogosError as e:
+            raise _failure(e) from None
+        if request.query_params.get("fail_on_no_slot") in ("1", "true") and all(s["is_processing"] for s in states):
+            raise ApiError(503, "no slot available", code="no_slot_available")
+        return states
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request):
         body = _parse(schemas.ChatCompletionRequest, await request.body())
-        loaded = shared.ready()
+        loaded = await shared.model(body.model)
         prepared = await run_in_threadpool(prepare_chat, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                            loaded.n_ctx)
         return await _answer(shared, loaded, prepared, body, ChatRenderer, request)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(request: Request):
-        body = _parse(schemas.CompletionRequest, await request.body())
-        loaded = shared.ready()
+    async def completion(request: Request, schema, renderer_class):
+        body = _parse(schema, await request.body())
+        loaded = await shared.model(body.model)
         prepared = await run_in_threadpool(prepare_completion, body, loaded.tokenizer, loaded.defaults,
                                            loaded.n_ctx)
-        return await _answer(shared, loaded, prepared, body, CompletionRenderer, request)
+        return await _answer(shared, loaded, prepared, body, renderer_class, request)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(request: Request):
+        return await completion(request, schemas.CompletionRequest, CompletionRenderer)
+
+    @app.post("/completion", dependencies=[Depends(authorized)])
+    @app.post("/completions", dependencies=[Depends(authorized)])
+    async def native_completion(request: Request):
+        return await completion(request, native.NativeCompletionRequest, NativeRenderer)
+
+    @app.post("/tokenize", dependencies=[Depends(authorized)])
+    async def tokenize(request: Request):
+        body = _parse(native.TokenizeRequest, await request.body())
+        return await run_in_threadpool(native.tokenize, body, (await shared.model(body.model)).tokenizer)
+
+    @app.post("/detokenize", dependencies=[Depends(authorized)])
+    async def detokenize(request: Request):
+        body = _parse(native.DetokenizeRequest, await request.body())
+        return await run_in_threadpool(native.detokenize, body, (await shared.model(body.model)).tokenizer)
+
+    @app.post("/apply-template", dependencies=[Depends(authorized)])
+    async def apply_template(request: Request):
+        body = _parse(native.ApplyTemplateRequest, await request.body())
+        return await run_in_threadpool(native.apply_template, body, (await shared.model(body.model)).chat)
 
     @app.post("/v1/embeddings", dependencies=[Depends(authorized)])
     async def v1_embeddings(request: Request) -> embeddings.EmbeddingList:
         body = _parse(embeddings.EmbeddingRequest, await request.body())
-        return await embeddings.v1_embeddings(shared.ready(), shared.model_id, body)
+        loaded = await shared.model(body.model)
+        return await embeddings.v1_embeddings(loaded, loaded.name, body)
 
     @app.post("/embedding", dependencies=[Depends(authorized)])
     async def llama_embedding(request: Request):
         body = _parse(embeddings.LlamaEmbeddingRequest, await request.body())
-        return await embeddings.llama_embedding(shared.ready(), body)
+        return await embeddings.llama_embedding(await shared.model(body.model), body)
 
     async def translated(request: Request, schema, prepare, renderer_class):
         """An API translated onto the chat endpoint's: `prepare` gives the chat request its body means
         and that request's engine requests; the renderer writes the reply in the API's shape."""
         body = _parse(schema, await request.body())
-        loaded = shared.ready()
+        loaded = await shared.model(body.model)
         chat_body, prepared = await run_in_threadpool(prepare, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                                       loaded.n_ctx)
         return await _answer(shared, loaded, prepared, chat_body, renderer_class, request)
@@ -156,7 +210,7 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
     @app.post(anthropic.PATH + "/count_tokens", dependencies=[Depends(authorized)])
     async def count_tokens(request: Request) -> anthropic_schemas.CountTokens:
         body = _parse(anthropic_schemas.CountTokensRequest, await request.body())
-        loaded = shared.ready()
+        loaded = await shared.model(body.model)
         return await run_in_threadpool(anthropic.count_tokens, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                        loaded.n_ctx)
 
@@ -187,7 +241,7 @@ async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, 
     except Busy:
         raise ApiError(503, "the server is busy: every slot is taken and the queue is full", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    envelope = Envelope(prepared.id, shared.model_id, loaded.tokenizer, prepared.n_top, body.include_usage,
+    envelope = Envelope(prepared.id, loaded.name, loaded.tokenizer, prepared.n_top, body.include_usage,
                         prepared.tools, prepared.parallel_tool_calls, prepared.reasoning, prepared.return_tokens,
                         body.stops, len(requests[0].prompt))
     ids = [r.id for r in requests]

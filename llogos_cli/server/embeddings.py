@@ -38,6 +38,7 @@ class EmbeddingRequest(_Strict):
 class LlamaEmbeddingRequest(_Strict):
     """llama-server's /embedding: `content` as /v1/embeddings' `input`."""
     content: Inputs
+    model: str | None = None
 
 
 class EmbeddingItem(BaseModel):

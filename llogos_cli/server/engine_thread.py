@@ -58,12 +58,20 @@ class EngineThread:
         each has had the one that carries its result."""
         events: asyncio.Queue = asyncio.Queue()
         with self._lock:
+            if self._stopping:   # a router unloaded this model after the request picked it
+                events.put_nowait(ShuttingDown("the model was unloaded"))
+                return events
             if self._in_flight + len(requests) > self.capacity:
                 raise Busy
             self._in_flight += len(requests)
             self._adds.append((requests, events))
         self._wake.set()
         return events
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
 
     def call(self, fn: Callable) -> asyncio.Future:
         """Run fn() on this thread before the next step (event loop side): the future gets its value,

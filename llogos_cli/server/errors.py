@@ -6,7 +6,7 @@ from llogos_cli.server.schemas import ErrorBody, ErrorResponse
 
 # The "type" OpenAI's clients map each status to.
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error", 501: "not_supported_error",
           503: "unavailable_error"}
 
 

@@ -108,16 +108,25 @@ def _grammar(make, param: str):
 
 
 def prepare_completion(body: CompletionRequest, tokenizer, defaults: RequestDefaults, n_ctx: int) -> Prepared:
-    if isinstance(body.prompt, str):
-        ids = _encode(tokenizer, body.prompt, add_bos=None)
-    else:
-        ids = list(body.prompt)
-        bad = next((i for i in ids if i >= tokenizer.n_vocab), None)
-        if bad is not None:
-            raise ApiError(400, f"prompt token id {bad} is out of range (the vocabulary has {tokenizer.n_vocab} "
-                           "tokens)", param="prompt")
+    ids = _prompt_ids(body.prompt, tokenizer)
     criteria = StopCriteria(stop_strings=body.stops, ignore_eos=body.ignore_eos)
     return _prepared("cmpl", body, ids, criteria, defaults, n_ctx, tokenizer, _response_format(body))
+
+
+def _prompt_ids(prompt: str | list, tokenizer) -> list[int]:
+    """A prompt's tokens: a text's, token ids as given, or (llama-server's /completion) a list mixing
+    ids and texts. BOS leads where the model adds one if the prompt starts with text, as llama-server does."""
+    parts = [prompt] if isinstance(prompt, str) else prompt
+    ids = []
+    for k, part in enumerate(parts):
+        if isinstance(part, str):
+            ids += _encode(tokenizer, part, add_bos=None if k == 0 else False)
+        elif part >= tokenizer.n_vocab:
+            raise ApiError(400, f"prompt token id {part} is out of range (the vocabulary has {tokenizer.n_vocab} "
+                           "tokens)", param="prompt")
+        else:
+            ids.append(part)
+    return ids
 
 
 def _encode(tokenizer, text: str, add_bos: bool | None) -> list[int]:

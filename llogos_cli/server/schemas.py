@@ -405,11 +405,13 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
-class ModelCard(BaseModel):
+class ModelCard(_Sparse):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "llogos"
+    path: str | None = None          # router mode: the model's -m value
+    status: dict | None = None       # router mode: llama-server's {"value": "loaded" | "loading" | "unloaded"}
 
 
 class ModelList(BaseModel):
