@@ -204,6 +204,13 @@ def test_every_format_streams_deltas_that_join_to_the_parsed_calls_however_the_r
             assert len("".join(t["function"].get("arguments") or "" for t in early if t["index"] == 0)) > 20
 
 
+@pytest.mark.parametrize("write", ALL_FORMATS)
+def test_a_call_to_an_unknown_tool_streams_no_deltas_and_the_reply_stays_text(write):
+    text = write("delete_everything", {"city": "Oslo"}) + "\n" + write("get_weather", {"city": "Oslo"})
+    calls, early, finish = streamed_calls(list(text), TOOLS)
+    assert not calls and not early and finish == "stop"
+
+
 def test_a_harmony_reply_streams_its_analysis_as_reasoning_and_its_call_as_deltas():
     from llogos_cli.engine.reasoning import Reasoning, split
     reply = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"

@@ -7,6 +7,7 @@ last finished member, or into an unfinished string value, re-spelled; for the XM
 parameters closed so far. A call counts only once its name is one of the request's tools.
 """
 
+import itertools
 import json
 import re
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ _HIGH_SURROGATES = ("d8", "d9", "da", "db")
 def partial_calls(text: str, tools: Mapping) -> list[tuple[str, str]]:
     """(name, the certain beginning of its arguments as JSON text) for each call begun in `text`."""
     for reader in (tool_markup.qwen3_coder, tool_markup.glm):
-        found = [f for f in reader(text, tools) if f.name in tools]
+        found = list(itertools.takewhile(lambda f: f.name in tools, reader(text, tools)))
         if found:
             return [(f.name, _dumped(f.arguments, f.complete)) for f in found]
     return _json_calls(text, tools)
