@@ -7,6 +7,8 @@ Two ways models write their reasoning before the answer:
 - "harmony": gpt-oss's channels, one message each: <|channel|>analysis<|message|>...<|end|> is
   reasoning, <|start|>assistant<|channel|>final<|message|>... the answer (commentary counts as
   answer). Its markers are in the reply's text: llama.cpp's vocabulary, and llogos', always shows them.
+  A message to a tool (a recipient, `to=functions.NAME`, in its header) is released whole, header
+  and markers included, as answer: the server reads the call from it.
 
 A Splitter takes the reply's text piece by piece and releases what is certain: a piece that may
 be the start of a marker is held until the next one says. Nothing of the text is lost: every
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CHANNEL, MESSAGE = "<|channel|>", "<|message|>"
 _HARMONY_ENDS = ("<|end|>", "<|return|>", "<|call|>")   # what closes a message
+RECIPIENT = "to="   # in a header: the message is addressed to a tool
+_HARMONY_HEADS = ("<|", RECIPIENT)   # how a message's header may begin (the recipient may come first)
 STYLES = ("think", "harmony")
 
 
@@ -61,7 +65,8 @@ class Splitter:
         self.style = style
         self._held = ""
         # think: "start" (a <think> may come), "reasoning", "gap" (blank lines after </think>), "answer"
-        # harmony: "header" (up to <|message|>), "analysis" or "final" (a message's body)
+        # harmony: "header" (up to <|message|>), "analysis" or "final" (a message's body), "call" (a
+        # message to a tool, released with its markers)
         self._state = ("reasoning" if thinking else "start") if style == "think" else "header"
 
     def push(self, text: str) -> Split:
@@ -123,22 +128,27 @@ class Splitter:
         if not held:
             return None
         if self._state == "header":
-            if not held.startswith("<|") and not "<|".startswith(held):
+            head = held.lstrip()
+            if not any(head.startswith(m) or m.startswith(head) for m in _HARMONY_HEADS):
                 self._state = "final"   # not a harmony message after all: all of it is answer
                 return Split()
             at = held.find(MESSAGE)
             if at < 0:
                 return None
             header = held[:at]
+            if RECIPIENT in header:
+                self._state = "call"
+                self._held = held[at + len(MESSAGE):]
+                return Split(content=header + MESSAGE)
             channel = header.split(CHANNEL, 1)[1].split() if CHANNEL in header else []
             self._state = "analysis" if channel[:1] == ["analysis"] else "final"
             self._held = held[at + len(MESSAGE):]
             return Split()
-        analysis = self._state == "analysis"
+        analysis, call = self._state == "analysis", self._state == "call"
         ends = [(held.find(m), m) for m in _HARMONY_ENDS if m in held]
         if ends:
             at, marker = min(ends)
-            body, self._held = held[:at], held[at + len(marker):]
+            body, self._held = held[:at] + (marker if call else ""), held[at + len(marker):]
             self._state = "header"
         else:
             keep = _partial(held, _HARMONY_ENDS)

@@ -18,11 +18,10 @@ from pydantic import ValidationError
 from llogos_cli.engine.batch import Result
 from llogos_cli.server import anthropic_schemas as api
 from llogos_cli.server import schemas
-from llogos_cli.server.blocks import REASONING, BlockRenderer
+from llogos_cli.server.blocks import CALL, REASONING, BlockRenderer
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.prepare import Prepared, prepare_chat
 from llogos_cli.server.render import Envelope
-from llogos_cli.server.tool_calls import ToolCall
 
 PATH = "/v1/messages"
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -30,6 +29,10 @@ _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 405: "invalid_request_error", 413: "request_too_large", 500: "api_error", 503: "overloaded_error"}
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
+# A thinking budget as the reasoning effort templates know (gpt-oss's low/medium/high): at least this
+# many tokens for each, the largest that fits.
+_EFFORTS = ((16384, "high"), (4096, "medium"), (0, "low"))
+_DEFAULT_BUDGET = 4096   # thinking without a budget (adaptive): the middle effort
 
 
 # ---------------------------------------------------------------------------------------- requests
@@ -65,6 +68,8 @@ def chat_request(body: api.CountTokensRequest) -> schemas.ChatCompletionRequest:
     if choice is not None and (tools or choice.type in ("any", "tool")):
         fields["tool_choice"] = _TOOL_CHOICES.get(choice.type) or {"type": "function", "function": {"name": choice.name}}
         fields["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    if body.thinking is not None:
+        fields.update(_thinking(body.thinking))
     if isinstance(body, api.MessagesRequest):
         fields.update(stop=body.stop_sequences, stream=body.stream, temperature=body.temperature, top_p=body.top_p,
                       top_k=body.top_k)
@@ -75,6 +80,16 @@ def chat_request(body: api.CountTokensRequest) -> schemas.ChatCompletionRequest:
         return schemas.ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:
         raise ApiError(400, schemas.explain(e.errors())) from None
+
+
+def _thinking(thinking: api.Thinking) -> dict:
+    """Thinking on or off as the template's switches: enable_thinking (Qwen3, GLM, SmolLM3) and the
+    reasoning effort (gpt-oss, which always reasons: off is its least). A template with neither
+    ignores them, and its model simply answers."""
+    on = thinking.type != "disabled"
+    budget = 0 if not on else _DEFAULT_BUDGET if thinking.budget_tokens is None else thinking.budget_tokens
+    effort = next(name for least, name in _EFFORTS if budget >= least)
+    return {"chat_template_kwargs": {"enable_thinking": on}, "reasoning_effort": effort}
 
 
 def _chat_messages(m: api.Message, where: str) -> list[dict]:
@@ -144,20 +159,17 @@ class MessageRenderer(BlockRenderer):
         return [_event("content_block_start", index=self._blocks - 1, content_block=block.model_dump())]
 
     def _start(self, kind: str) -> list[bytes]:
+        if kind == CALL:
+            return self._block(api.ToolUseOut(id=_tool_id(self._calling.id), name=self._calling.name, input={}))
         return self._block(api.ThinkingOut(thinking="") if kind == REASONING else api.TextOut(text=""))
 
     def _grow(self, kind: str, text: str) -> bytes:
-        delta = {"type": "thinking_delta", "thinking": text} if kind == REASONING else {"type": "text_delta", "text": text}
+        delta = {"type": "thinking_delta", "thinking": text} if kind == REASONING else \
+            {"type": "input_json_delta", "partial_json": text} if kind == CALL else {"type": "text_delta", "text": text}
         return _event("content_block_delta", index=self._blocks - 1, delta=delta)
 
     def _stop(self, kind: str, text: str) -> list[bytes]:
         return [_event("content_block_stop", index=self._blocks - 1)]
-
-    def _call(self, call: ToolCall) -> list[bytes]:
-        return [*self._block(api.ToolUseOut(id=_tool_id(call.id), name=call.name, input={})),
-                _event("content_block_delta", index=self._blocks - 1,
-                       delta={"type": "input_json_delta", "partial_json": call.arguments}),
-                _event("content_block_stop", index=self._blocks - 1)]
 
     def _end(self, finish: str, result: Result) -> list[bytes]:
         reason, sequence = self._stop_reason(finish, result)

@@ -87,8 +87,9 @@ class ToolChoice(_Read):
 
 
 class Thinking(_Read):
-    """Whether the reply may reason first: a model that reasons does so in thinking blocks, one
-    that cannot simply answers; the budget is accepted, the reply's max_tokens bounds it."""
+    """Whether the reply may reason first: the template's thinking switch, and the budget as its
+    reasoning effort (anthropic.py); a model that reasons does so in thinking blocks, one that cannot
+    simply answers. The reply's max_tokens bounds the reasoning."""
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[int, Field(ge=0)] | None = None
 

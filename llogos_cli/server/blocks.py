@@ -2,9 +2,10 @@
 of a reply in turn (Anthropic's content blocks, the Responses API's output items).
 
 The chat renderer decides what the reply says as it streams: its reasoning and answer text apart
-(the reasoning split), the answer held back where tool calls may start, the calls parsed at the
-end. BlockRenderer takes those deltas and turns each change of kind (reasoning, text, a call)
-into the end of one block and the start of the next; each API says what its events are.
+(the reasoning split), the answer held back where tool calls may start, each call's name and then
+its arguments as they become certain. BlockRenderer takes those deltas and turns each change of
+kind (reasoning, text, a new call) into the end of one block and the start of the next; each API
+says what its events are.
 """
 
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from llogos_cli.engine.completion import Token
 from llogos_cli.server import schemas, tool_calls
 from llogos_cli.server.render import ChatRenderer, Envelope
 
-REASONING, TEXT = "reasoning", "text"
+REASONING, TEXT, CALL = "reasoning", "text", "call"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +32,12 @@ class BlockRenderer(ChatRenderer):
 
     def __init__(self, envelope: Envelope, index: int = 0):
         super().__init__(envelope, index)
-        self._open: str | None = None   # REASONING or TEXT: the kind of the block being streamed
-        self._grown = ""                 # the open block's text so far
+        self._open: str | None = None   # REASONING, TEXT or CALL: the kind of the block being streamed
+        self._grown = ""                 # the open block's text so far (a call's: its arguments)
+        self._calling: tool_calls.ToolCall | None = None   # the call being streamed (its arguments: none)
         self._result: Result | None = None
 
-    # What each API says: its events as SSE bytes.
+    # What each API says: its events as SSE bytes. A CALL block's call is self._calling.
     def _start(self, kind: str) -> list[bytes]:
         raise NotImplementedError
 
@@ -43,9 +45,6 @@ class BlockRenderer(ChatRenderer):
         raise NotImplementedError
 
     def _stop(self, kind: str, text: str) -> list[bytes]:
-        raise NotImplementedError
-
-    def _call(self, call: tool_calls.ToolCall) -> list[bytes]:
         raise NotImplementedError
 
     def _end(self, finish: str, result: Result) -> list[bytes]:
@@ -67,8 +66,13 @@ class BlockRenderer(ChatRenderer):
                 self._grown += text
                 out.append(self._grow(kind, text))
         for call in delta.tool_calls or ():
-            out += self._into(None)
-            out += self._call(tool_calls.ToolCall(call.id, call.function.name, call.function.arguments))
+            if call.id is not None:   # a new call: a block of its own
+                out += self._into(None)
+                self._calling = tool_calls.ToolCall(call.id, call.function.name, "")
+                out += self._into(CALL)
+            if call.function.arguments:
+                self._grown += call.function.arguments
+                out.append(self._grow(CALL, call.function.arguments))
         if finish is not None:
             out += self._into(None)
             out += self._end(finish, self._result)

@@ -6,7 +6,7 @@ request reaches the engine.
 """
 
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from llogos_cli.engine.batch import Request, row_seed
 from llogos_cli.engine.conversation import ChatFormat
@@ -38,7 +38,8 @@ class Prepared:
     id: str                            # the response's
     requests: tuple[Request, ...]      # one per choice, in the choices' order
     n_top: int | None                  # top log-probabilities to report; None: none at all
-    tools: frozenset[str] = frozenset()   # functions whose calls the reply is searched for
+    tools: dict[str, dict] = field(default_factory=dict)   # functions whose calls the reply is searched for,
+                                                           # each with its parameters' schema
     parallel_tool_calls: bool = True
     reasoning: Reasoning | None = None    # how the reply's reasoning is told from its answer
     return_tokens: bool = False           # each choice carries its token ids
@@ -76,7 +77,7 @@ def prepare_chat(body: ChatCompletionRequest, tokenizer, chat: ChatFormat | None
     split = defaults.split_reasoning if body.reasoning_format is None else body.reasoning_format != "none"
     reasoning = chat.reasoning(text) if split else None
     prepared = _prepared("chatcmpl", body, ids, criteria, defaults, n_ctx, tokenizer, grammar)
-    return replace(prepared, tools=frozenset(t["name"] for t in tools), parallel_tool_calls=body.parallel_tool_calls,
+    return replace(prepared, tools={t["name"]: t.get("parameters") or {} for t in tools}, parallel_tool_calls=body.parallel_tool_calls,
                    reasoning=reasoning)
 
 

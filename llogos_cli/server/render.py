@@ -8,6 +8,7 @@ marks its chunks with the choice's index, and Choices joins them under one id an
 """
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
@@ -17,7 +18,7 @@ from llogos_cli.engine.completion import Token
 from llogos_cli.engine.reasoning import Reasoning, Split
 from llogos_cli.server import request_log
 from llogos_cli.server import schemas
-from llogos_cli.server import tool_calls
+from llogos_cli.server import tool_calls, tool_stream
 from llogos_cli.server.errors import ApiError
 
 FINISH = {"eos": "stop", "stop-string": "stop", "limit": "length"}
@@ -39,7 +40,7 @@ class Envelope:
     tokenizer: object
     n_top: int | None                  # top log-probabilities to report; None: none at all
     include_usage: bool = False        # a stream asked for usage (stream_options)
-    tools: frozenset[str] = frozenset()
+    tools: Mapping[str, dict] | frozenset[str] = frozenset()   # each tool's parameter schema, or only names
     parallel_tool_calls: bool = True
     reasoning: Reasoning | None = None   # a chat reply's reasoning goes to reasoning_content
     return_tokens: bool = False        # each choice, and each chunk, carries its token ids
@@ -86,8 +87,9 @@ class _Renderer:
 class ChatRenderer(_Renderer):
     """A reply's reasoning (where the envelope says how to tell it) streams as reasoning_content,
     its answer as content. With tools, a stream holds back answer text from where tool calls may
-    start (the reply's start, when it could be a JSON call, or a call marker), and sends the calls,
-    parsed, in its last chunks."""
+    start (the reply's start, when it could be a JSON call, or a call marker), and sends each call
+    from there as tool_calls deltas: its id and name once they are written, its arguments as they
+    become certain (tool_stream.py), the rest of them once the reply is whole and parsed."""
 
     _held = ""              # streamed text not sent yet because it may be tool calls
     _holding = False        # a call marker was seen: the rest of the reply is held
@@ -96,6 +98,7 @@ class ChatRenderer(_Renderer):
     def __init__(self, envelope: Envelope, index: int = 0):
         super().__init__(envelope, index)
         self._splitter = envelope.reasoning.splitter() if envelope.reasoning else None
+        self._calls: list[list[str]] = []   # [id, name, arguments sent] of each call streamed so far
 
     def _chunk(self, delta: schemas.ChatDelta, finish: str | None = None, logprobs=None, tokens=None,
                timings: dict | None = None) -> bytes:
@@ -122,14 +125,33 @@ class ChatRenderer(_Renderer):
     def token(self, token: Token) -> bytes | None:
         piece = self._splitter.push(token.text) if self._splitter else Split(content=token.text)
         text = self._release(piece.content) if self.envelope.tools else piece.content
-        if not text and not piece.reasoning and self._quiet:
+        calls = self._call_deltas() if self._held else None
+        if not text and not piece.reasoning and not calls and self._quiet:
             return None
         self.sent += text
         self._thought += piece.reasoning
         logprobs = None if self.envelope.n_top is None else self._logprobs([token.id], [token.logprobs])
-        return self._chunk(schemas.ChatDelta(content=text if text or not piece.reasoning else None,
-                                             reasoning_content=piece.reasoning or None), logprobs=logprobs,
-                           tokens=self._ids([token.id]))
+        return self._chunk(schemas.ChatDelta(content=text if text or not (piece.reasoning or calls) else None,
+                                             reasoning_content=piece.reasoning or None, tool_calls=calls),
+                           logprobs=logprobs, tokens=self._ids([token.id]))
+
+    def _call_deltas(self) -> list[schemas.ToolCallDelta] | None:
+        """What the held text says of its calls that was not sent yet: new calls, more arguments."""
+        found = tool_stream.partial_calls(self._held, self.envelope.tools)
+        deltas = []
+        for i, (name, arguments) in enumerate(found if self.envelope.parallel_tool_calls else found[:1]):
+            new = i == len(self._calls)
+            if new:
+                self._calls.append([tool_calls.new_id(), name, ""])
+            sent = self._calls[i][2]
+            more = arguments[len(sent):] if arguments.startswith(sent) else ""
+            self._calls[i][2] += more
+            if new or more:
+                deltas.append(schemas.ToolCallDelta(index=i, id=self._calls[i][0] if new else None,
+                                                    type="function" if new else None,
+                                                    function=schemas.FunctionDelta(name=name if new else None,
+                                                                                   arguments=more)))
+        return deltas or None
 
     def _release(self, text: str) -> str:
         """What of the reply so far can be sent: none of what may be the start of tool calls."""
@@ -169,11 +191,22 @@ class ChatRenderer(_Renderer):
         tail = content[len(self.sent):] if content and content.startswith(self.sent) else ""
         chunks = [self._chunk(schemas.ChatDelta(content=tail or None, reasoning_content=thought))] \
             if tail or thought else []
-        chunks += [self._chunk(schemas.ChatDelta(tool_calls=[schemas.ToolCallDelta(
-            index=i, id=c.id, type="function", function=schemas.FunctionDelta(name=c.name, arguments=c.arguments))]))
-            for i, c in enumerate(calls)]
+        chunks += [self._chunk(schemas.ChatDelta(tool_calls=[delta])) for delta in self._rest_of_calls(calls)]
         chunks.append(self._chunk(schemas.ChatDelta(), finish, timings=result.timings_record()))
         return chunks
+
+    def _rest_of_calls(self, calls: list[tool_calls.ToolCall]) -> list[schemas.ToolCallDelta]:
+        """The whole reply's calls less what was streamed of them."""
+        deltas = []
+        for i, c in enumerate(calls):
+            if i < len(self._calls) and self._calls[i][1] == c.name and c.arguments.startswith(self._calls[i][2]):
+                rest = c.arguments[len(self._calls[i][2]):]
+                if rest:
+                    deltas.append(schemas.ToolCallDelta(index=i, function=schemas.FunctionDelta(arguments=rest)))
+            else:
+                deltas.append(schemas.ToolCallDelta(index=i, id=c.id, type="function",
+                                                    function=schemas.FunctionDelta(name=c.name, arguments=c.arguments)))
+        return deltas
 
     def choice(self, result: Result) -> schemas.ChatChoice:
         logprobs = None if self.envelope.n_top is None else self._logprobs(result.tokens, result.logprobs)

@@ -17,7 +17,7 @@ from pydantic import RootModel, ValidationError
 from llogos_cli.engine.batch import Result
 from llogos_cli.server import responses_schemas as api
 from llogos_cli.server import schemas
-from llogos_cli.server.blocks import REASONING, BlockRenderer
+from llogos_cli.server.blocks import CALL, REASONING, BlockRenderer
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.prepare import Prepared, prepare_chat
 from llogos_cli.server.render import Envelope
@@ -25,6 +25,9 @@ from llogos_cli.server.tool_calls import ToolCall
 
 PATH = "/v1/responses"
 Body = RootModel[dict[str, Any]]   # a response's JSON, built as the API's documents are
+_NO_THINKING = ("none", "minimal")
+# The Responses API's efforts that gpt-oss's template does not name, as the nearest it does.
+_EFFORTS = {"none": "low", "minimal": "low", "xhigh": "high"}
 
 
 # ---------------------------------------------------------------------------------------- requests
@@ -54,6 +57,9 @@ def chat_request(body: api.ResponsesRequest) -> schemas.ChatCompletionRequest:
     if choice is not None and (tools or choice != "auto"):
         fields["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
                                                                         "function": {"name": choice.name}}
+    effort = body.reasoning.effort if body.reasoning else None
+    if effort is not None:
+        fields.update(_reasoning(effort))
     fmt = body.text.format if body.text else None
     if fmt is not None and fmt.type == "json_schema":
         fields["response_format"] = {"type": "json_schema", "json_schema": fmt.model_dump(
@@ -64,6 +70,14 @@ def chat_request(body: api.ResponsesRequest) -> schemas.ChatCompletionRequest:
         return schemas.ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:
         raise ApiError(400, schemas.explain(e.errors())) from None
+
+
+def _reasoning(effort: str) -> dict:
+    """reasoning.effort as the template's switches: none and minimal turn thinking off where the
+    template can (enable_thinking), and are gpt-oss's least effort, which always reasons; a template
+    with neither switch ignores them."""
+    return {"chat_template_kwargs": {"enable_thinking": effort not in _NO_THINKING},
+            "reasoning_effort": _EFFORTS.get(effort, effort)}
 
 
 def _add(messages: list[dict], item, where: str) -> None:
@@ -129,9 +143,14 @@ class ResponseRenderer(BlockRenderer):
                 "content": [_part(text)] if status == "completed" else []}
 
     def _where(self) -> dict:
-        return {"output_index": len(self._output), "item_id": self._item_id("rs" if self._open == REASONING else "msg")}
+        prefix = {REASONING: "rs", CALL: "fc"}.get(self._open, "msg")
+        return {"output_index": len(self._output), "item_id": self._item_id(prefix)}
 
     def _start(self, kind: str) -> list[bytes]:
+        if kind == CALL:
+            item = _function_call(self._item_id("fc"), self._calling)
+            return [self._send("response.output_item.added", output_index=len(self._output),
+                               item={**item, "status": "in_progress"})]
         item = self._item(kind, "", "in_progress")
         part = {"type": "reasoning_text", "text": ""} if kind == REASONING else _part("")
         return [self._send("response.output_item.added", output_index=len(self._output), item=item),
@@ -139,27 +158,24 @@ class ResponseRenderer(BlockRenderer):
                            content_index=0, part=part)]
 
     def _grow(self, kind: str, text: str) -> bytes:
+        if kind == CALL:
+            return self._send("response.function_call_arguments.delta", **self._where(), delta=text)
         if kind == REASONING:
             return self._send("response.reasoning_text.delta", **self._where(), content_index=0, delta=text)
         return self._send("response.output_text.delta", **self._where(), content_index=0, delta=text, logprobs=[])
 
     def _stop(self, kind: str, text: str) -> list[bytes]:
+        if kind == CALL:
+            item = _function_call(self._item_id("fc"), replace(self._calling, arguments=text))
+            where = self._where()
+            self._output.append(item)
+            return [self._send("response.function_call_arguments.done", **where, arguments=text),
+                    self._send("response.output_item.done", output_index=where["output_index"], item=item)]
         item = self._item(kind, text, "completed")
         where = self._where()
         done = (self._send("response.reasoning_text.done", **where, content_index=0, text=text) if kind == REASONING
                 else self._send("response.output_text.done", **where, content_index=0, text=text, logprobs=[]))
         out = [done, self._send("response.content_part.done", **where, content_index=0, part=item["content"][0]),
-               self._send("response.output_item.done", output_index=where["output_index"], item=item)]
-        self._output.append(item)
-        return out
-
-    def _call(self, call: ToolCall) -> list[bytes]:
-        item = _function_call(self._item_id("fc"), call)
-        where = {"output_index": len(self._output), "item_id": item["id"]}
-        out = [self._send("response.output_item.added", output_index=where["output_index"],
-                          item={**item, "arguments": "", "status": "in_progress"}),
-               self._send("response.function_call_arguments.delta", **where, delta=call.arguments),
-               self._send("response.function_call_arguments.done", **where, arguments=call.arguments),
                self._send("response.output_item.done", output_index=where["output_index"], item=item)]
         self._output.append(item)
         return out

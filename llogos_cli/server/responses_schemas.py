@@ -101,7 +101,8 @@ class TextConfig(_Read):
 
 
 class ReasoningConfig(_Read):
-    """Accepted: a model that reasons does so at its own length; the reply's limit bounds it."""
+    """The template's thinking switch and reasoning effort (responses.py); a model that reasons does
+    so at its own length, which the reply's limit bounds."""
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
 

@@ -8,6 +8,8 @@ Recognised, first match wins:
   `[TOOL_CALLS]name[ARGS]{...}` repeated.
 - Llama 3.x: `{"name": ..., "parameters": {...}}` (or "arguments"), after an optional
   `<|python_tag|>`, several joined by ";".
+- Qwen3-Coder's `<function=NAME><parameter=ARG>`, GLM-4.5's `<arg_key>`/`<arg_value>` and gpt-oss's
+  harmony messages to `functions.NAME`: tool_markup.py reads them.
 - Anything else that is one JSON object (or a list of them, or a ```json fenced block) naming a
   function and its arguments: the generic fallback, and what a constrained call produces.
 A call is only a call if it names one of the request's tools; otherwise the reply is plain text.
@@ -16,10 +18,14 @@ A call is only a call if it names one of the request's tools; otherwise the repl
 import json
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-# Where a reply's tool calls may start: what a stream holds back until it knows.
-MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
+from llogos_cli.server import tool_markup
+
+# Where a reply's tool calls may start: what a stream holds back until it knows. A harmony message to
+# a tool starts with its header (the reasoning split leaves only those headers in the answer).
+MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|start|>", "<|channel|>", "to=functions.")
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _MISTRAL_ARGS = re.compile(r"\[TOOL_CALLS\]\s*([^\[\s{]+)\s*\[ARGS\]\s*")
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
@@ -32,14 +38,16 @@ class ToolCall:
     arguments: str   # a JSON object, as text (OpenAI's shape)
 
 
-def parse(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
-    """The reply's content (None when it is only calls) and the calls it makes to `names`."""
-    for parser in (_hermes, _mistral, _llama3, _plain):
+def parse(text: str, tools: Mapping[str, dict] | set[str]) -> tuple[str | None, list[ToolCall]]:
+    """The reply's content (None when it is only calls) and the calls it makes to `tools` (their
+    names, or each name's parameter schema, which types the values of the XML formats)."""
+    for parser in (_hermes, lambda t: _markup(t, tool_markup.qwen3_coder(t, tools)),
+                   lambda t: _markup(t, tool_markup.glm(t, tools)), _harmony, _mistral, _llama3, _plain):
         found = parser(text)
         if found is None:
             continue
         content, calls = found
-        if calls and all(c.get("name") in names for c in calls):
+        if calls and all(c.get("name") in tools for c in calls):
             made = [ToolCall(new_id(), c["name"], c["arguments"]) for c in calls]
             return (content.strip() or None), made
     return text, []
@@ -71,6 +79,23 @@ def _hermes(text: str):
         return None
     calls = [_call(_json(m)) for m in _HERMES.findall(text[start:])]
     return text[:start], calls if all(calls) else []
+
+
+def _markup(text: str, found: list[tool_markup.Found]):
+    """Calls in an XML format: each closed, but for the last, which the reply's end may cut short."""
+    if not found:
+        return None
+    whole = all(f.complete for f in found[:-1]) and (found[-1].complete or not text[found[-1].end:].strip())
+    calls = [{"name": f.name, "arguments": json.dumps(f.arguments, ensure_ascii=False)} for f in found]
+    return text[:found[0].start], calls if whole else []
+
+
+def _harmony(text: str):
+    found = tool_markup.harmony(text)
+    if not found:
+        return None
+    calls = [_call({"name": name, "arguments": _json(body.strip())}) for _, name, body, _ in found]
+    return text[:found[0][0]], calls if all(calls) else []
 
 
 def _mistral(text: str):
