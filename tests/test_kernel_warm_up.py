@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from llogos_cli.backends.cpu import (cpu_attention, cpu_compile, cpu_glu, cpu_norm, cpu_prefill_attention,
-                                    cpu_quant_dequant, cpu_quant_dot, cpu_quant_int8, cpu_rope, cpu_rows)
+from llogos_cli.backends.cpu import (cpu_attention, cpu_compile, cpu_glu, cpu_norm, cpu_quant_dequant, cpu_quant_dot,
+                                    cpu_quant_int8, cpu_rope, cpu_rows)
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.loader import load
@@ -24,8 +24,7 @@ COMPILING = "compiling CPU kernels"
 def _compiled() -> dict[str, int]:
     """How many specialisations each kernel of the CPU backend holds."""
     kernels = {}
-    for module in (cpu_quant_dot, cpu_quant_dequant, cpu_quant_int8, cpu_rows, cpu_attention, cpu_prefill_attention,
-                   cpu_glu, cpu_norm, cpu_rope):
+    for module in (cpu_quant_dot, cpu_quant_dequant, cpu_quant_int8, cpu_rows, cpu_attention, cpu_glu, cpu_norm, cpu_rope):
         for name, f in vars(module).items():
             if isinstance(f, numba.core.registry.CPUDispatcher):
                 kernels[f"{module.__name__}.{name}"] = len(f.signatures)

@@ -3,10 +3,9 @@
 A layer's cache holds (n_slots, n_kv, n_ctx, head_dim) keys and values, or, paged, a pool of
 (n_blocks, n_kv, block_size, head_dim) that slots reach through block tables (position p of a slot
 is offset p % block_size of block tables[slot, p // block_size]). A batch is a list of runs (see
-backends/__init__.py). Where numba is loaded and the cache is float32, prompt runs of a tile or
-more are attended a tile of positions at a time (cpu_prefill_attention), other tokens by
-cpu_attention's loop, each a row of its own. Otherwise, in NumPy: decode rows (runs of one token)
-are attended all at once, each query against its own slot's first pos + 1 keys, the rest masked
+backends/__init__.py). Where numba is loaded and the cache is float32, every token is attended by
+cpu_attention's loop as a row of its own. Otherwise, in NumPy: decode rows (runs of one token) are
+attended all at once, each query against its own slot's first pos + 1 keys, the rest masked
 (softmax with per-row lengths); longer runs (prompt chunks) attend causally within their slot, a
 run at a time. A paged cache's keys are gathered block by block into the same (rows, n_kv,
 positions, head_dim) shape first.
@@ -52,25 +51,6 @@ class Layout:
                 ends[t0:t1] = self.pos[t1 - 1]
             self.memo["ends"] = ends
         return self.memo["ends"]
-
-    def tiles(self, size: int) -> np.ndarray:
-        """(first token, end token) of each `size` consecutive tokens of the runs at least that
-        long (the last of a run's tiles may be shorter): (n_tiles, 2) int64."""
-        key = ("tiles", size)
-        if key not in self.memo:
-            bounds = [(a, min(a + size, t1)) for _, t0, t1 in self.runs if t1 - t0 >= size for a in range(t0, t1, size)]
-            self.memo[key] = np.array(bounds, np.int64).reshape(-1, 2)
-        return self.memo[key]
-
-    def untiled(self, size: int) -> np.ndarray:
-        """The tokens that tiles(size) leaves out, in order."""
-        key = ("untiled", size)
-        if key not in self.memo:
-            covered = np.zeros(len(self.slots), bool)
-            for t0, t1 in self.tiles(size):
-                covered[t0:t1] = True
-            self.memo[key] = np.flatnonzero(~covered)
-        return self.memo[key]
 
     def blocks(self, cache: "KVCache") -> np.ndarray:
         """Every token's row of block tables (an unpaged slot is one block): (T, blocks)."""
@@ -176,8 +156,6 @@ class AttentionOps:
     """Mixed into NumpyBackend."""
     compiled_attention = None   # cpu_attention.attend_rows and store_rows where the backend has numba loaded
     compiled_store = None
-    compiled_tiles = None       # cpu_prefill_attention.attend_tiles and its TILE, alike
-    compiled_tile = 0
 
     def batch_layout(self, slots: np.ndarray, pos: np.ndarray) -> Layout:
         return batch_layout(slots, pos)
@@ -217,8 +195,11 @@ class AttentionOps:
         each softmax's denominator (gpt-oss)."""
         out = np.empty((q.shape[0], q.shape[1], cache.dv), np.float32)
         if self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
-            self._compiled(np.ascontiguousarray(q, np.float32), cache, layout, layout.pos if causal else layout.ends(),
-                           scale, window, softcap, _NO_SINKS if sinks is None else sinks, out)
+            # Every token a row, a prompt's too: its keys are stored before it attends them, so each
+            # of its tokens attends its slot's keys up to its own position as a decode row does.
+            self.compiled_attention(np.ascontiguousarray(q, np.float32), cache.k, cache.v, layout.blocks(cache),
+                                    layout.pos if causal else layout.ends(), scale, window, softcap,
+                                    _NO_SINKS if sinks is None else sinks, out)
             return out
         if len(layout.rows):
             out[layout.rows] = _rows(q[layout.rows], cache, layout.slots[layout.rows], layout.pos[layout.rows],
@@ -228,25 +209,6 @@ class AttentionOps:
             out[t0:t1] = _run(q[t0:t1], keys[0], values[0], int(layout.pos[t0]), scale, window, softcap, sinks,
                               causal)
         return out
-
-    def _compiled(self, q, cache, layout, last, scale, window, softcap, sinks, out) -> None:
-        """A prompt's keys are stored before it attends them, so each of its tokens attends its
-        slot's keys up to its own position (last) as a decode row does. Runs of at least a tile go
-        a tile of positions at a time (cpu_prefill_attention); decode rows, and runs too short to
-        share a chunk's reading among many queries, a (token, head) at a time, which gives the
-        threads H items for each."""
-        blocks = layout.blocks(cache)
-        tiled = layout.tiles(self.compiled_tile)
-        if len(tiled):
-            self.compiled_tiles(q, cache.k, cache.v, blocks, last, tiled, scale, window, softcap, sinks, out)
-        rows = layout.untiled(self.compiled_tile)
-        if len(rows) == len(q):
-            self.compiled_attention(q, cache.k, cache.v, blocks, last, scale, window, softcap, sinks, out)
-        elif len(rows):
-            some = np.empty((len(rows), q.shape[1], out.shape[2]), np.float32)
-            self.compiled_attention(q[rows], cache.k, cache.v, blocks[rows], last[rows], scale, window, softcap,
-                                    sinks, some)
-            out[rows] = some
 
 
 def _softcap(scores: np.ndarray, softcap: float) -> None:

@@ -93,10 +93,8 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         if self._jit:
             from llogos_cli.backends.cpu import cpu_glu, cpu_norm, cpu_quant_dequant, cpu_rope
             from llogos_cli.backends.cpu.cpu_attention import attend_rows, store_rows
-            from llogos_cli.backends.cpu.cpu_prefill_attention import TILE, attend_tiles
             self._norm, self._rope, self._glu, self._dequant = cpu_norm, cpu_rope, cpu_glu, cpu_quant_dequant
             self.compiled_attention, self.compiled_store = attend_rows, store_rows
-            self.compiled_tiles, self.compiled_tile = attend_tiles, TILE
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -185,12 +183,10 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         return steps
 
     def _warm_up_attention(self) -> None:
-        """A decode row, then a prompt run of one tile (the two kernels of compiled attention)."""
-        for n in (1, self.compiled_tile):
-            x, slots, pos = np.ones((n, 1, 4), np.float32), np.zeros(n, np.int32), np.arange(n, dtype=np.int32)
-            cache, layout = self.kv_cache(1, n, 1, 4, 4, "f32", "f32"), self.batch_layout(slots, pos)
-            self.kv_store(cache, x, x, layout)
-            self.attention(x, cache, layout, 1.0, 0)
+        x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)
+        cache, layout = self.kv_cache(1, 1, 1, 4, 4, "f32", "f32"), self.batch_layout(one, one)
+        self.kv_store(cache, x, x, layout)
+        self.attention(x, cache, layout, 1.0, 0)
 
     def _warm_up_small_steps(self) -> None:
         x = np.ones((1, 1, 4), np.float32)
