@@ -2,7 +2,11 @@
 peak RSS and load time.
 
     PYTHONPATH=. python bench/bench_quant.py --llama-bench PATH [--models llama-1b,llama-8b,smollm2-135m,gemma3-270m]
-                                [--modes quantized,auto] [--tg 16] [--reps 2]
+                                [--modes quantized,auto] [--tg 16] [--reps 2] [--pp 128]
+
+With --pp above 128 (long contexts), llama-bench runs `-p PP -n 0` and `-p 0 -n TG -d PP`: the
+prompt from an empty cache and decode at depth PP, as llogos' run measures them (its decode follows
+its prompt).
 
 llama-1b and llama-8b are synthetic Q4_K_M files of those shapes (random weights), written once to
 ~/.cache/llogos/bench by bench/synthetic_gguf.py; the others are models.toml names. Each llogos run
@@ -25,8 +29,8 @@ import numpy as np
 PROMPT_TOKENS = 128
 
 
-def child(path: str, mode: str, n_tg: int) -> dict:
-    """One llogos run in this process: load, prefill 128 tokens, decode n_tg, on the engine
+def child(path: str, mode: str, n_tg: int, n_pp: int = PROMPT_TOKENS) -> dict:
+    """One llogos run in this process: load, prefill n_pp tokens, decode n_tg, on the engine
     `llogos generate` runs (its timings: the steps' own time, as its --json summary reports)."""
     from llogos_cli.engine.batch import Request
     from llogos_cli.engine.generation import Generation
@@ -34,11 +38,11 @@ def child(path: str, mode: str, n_tg: int) -> dict:
     from llogos_cli.engine.stops import StopCriteria
     from llogos_cli.model.loader import load
     t = time.perf_counter()
-    n_ctx = PROMPT_TOKENS + n_tg + 8
+    n_ctx = n_pp + n_tg + 8
     m = load(path, "cpu", mode, n_ctx=n_ctx)
     load_s = time.perf_counter() - t
     model = m.model
-    ids = np.random.default_rng(0).integers(3, model.cfg.n_vocab, PROMPT_TOKENS).tolist()
+    ids = np.random.default_rng(0).integers(3, model.cfg.n_vocab, n_pp).tolist()
 
     def run(prompt: list[int], n: int):
         gen = Generation.alone(model, m.tokenizer, n_ctx, Request(0, prompt, SamplingParams(temp=0.0),
@@ -58,16 +62,20 @@ def child(path: str, mode: str, n_tg: int) -> dict:
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def llogos(path: Path, mode: str, n_tg: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", str(path), mode, "--tg", str(n_tg)],
+def llogos(path: Path, mode: str, n_tg: int, n_pp: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", str(path), mode, "--tg", str(n_tg), "--pp", str(n_pp)],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def llama_bench(exe: str, path: Path, n_tg: int, reps: int) -> dict:
-    out = subprocess.run([exe, "-m", str(path), "-t", "2", "-p", str(PROMPT_TOKENS), "-n", str(n_tg),
-                          "-r", str(reps), "-o", "json"], check=True, capture_output=True, text=True).stdout
-    rows = json.loads(out)
+def llama_bench(exe: str, path: Path, n_tg: int, reps: int, n_pp: int) -> dict:
+    runs = [["-p", str(n_pp), "-n", str(n_tg)]] if n_pp <= PROMPT_TOKENS else \
+        [["-p", str(n_pp), "-n", "0"], ["-p", "0", "-n", str(n_tg), "-d", str(n_pp)]]
+    rows = []
+    for run in runs:
+        out = subprocess.run([exe, "-m", str(path), "-t", "2", *run, "-r", str(reps), "-o", "json"], check=True,
+                             capture_output=True, text=True).stdout
+        rows += json.loads(out)
     return {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
 
 
@@ -91,22 +99,23 @@ def main():
     ap.add_argument("--modes", default="quantized,auto")
     ap.add_argument("--tg", type=int, default=16, help="tokens decoded (8B: fewer is fine)")
     ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions")
+    ap.add_argument("--pp", type=int, default=PROMPT_TOKENS, help="prompt tokens (decode follows at that depth)")
     ap.add_argument("--child", nargs=2, metavar=("PATH", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.tg)))
+        print(json.dumps(child(*args.child, args.tg, args.pp)))
         return
     print(f"## CPU weights modes, {date.today()}, {platform.processor() or platform.machine()}, "
           f"{Path('/proc/cpuinfo').read_text().count('processor')} threads\n")
-    print("| model | file | llogos mode | load | pp128 tok/s | tg tok/s | decode GB/s, G weights/s | peak RSS "
-          "(x file) | llama.cpp pp128 / tg | llogos / llama.cpp pp, tg |")
+    print(f"| model | file | llogos mode | load | pp{args.pp} tok/s | tg tok/s | decode GB/s, G weights/s | peak RSS "
+          f"(x file) | llama.cpp pp{args.pp} / tg | llogos / llama.cpp pp, tg |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         path = model_file(name)
         size = path.stat().st_size
-        ref = llama_bench(args.llama_bench, path, args.tg, args.reps) if args.llama_bench else {}
+        ref = llama_bench(args.llama_bench, path, args.tg, args.reps, args.pp) if args.llama_bench else {}
         for mode in args.modes.split(","):
-            r = llogos(path, mode, args.tg)
+            r = llogos(path, mode, args.tg, args.pp)
             ratio = (f"{r['pp'] / ref['pp']:.2f}, {r['tg'] / ref['tg']:.2f}" if ref else "")
             print(f"| {name} | {size / 2**20:.0f} MiB | {mode} → {r['mode']} | {r['load_s']:.1f} s | {r['pp']:.1f} | "
                   f"{r['tg']:.2f} | {r['weight_bytes'] * r['tg'] / 1e9:.1f}, {r['weights'] * r['tg'] / 1e9:.1f} | "

@@ -23,6 +23,7 @@ class FakeRow:
     mark_at: int = -1
     mark: tuple | None = None
     cache_prompt: bool = True
+    shifted: bool = False
 
 
 def test_a_row_is_admitted_by_the_blocks_of_its_prompt_and_waits_when_they_are_not_free():

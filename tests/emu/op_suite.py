@@ -677,7 +677,7 @@ def test_kv_cache_rejects_unusable_types(backend, b):
     with pytest.raises(LlogosError, match="multiples of 32"):
         b.kv_cache(1, 8, 2, 48, 48, "q8_0", "f16")
     with pytest.raises(LlogosError, match="unknown KV cache type"):
-        b.kv_cache(1, 8, 2, 64, 64, "q4_0", "f16")
+        b.kv_cache(1, 8, 2, 64, 64, "q5_1", "f16")
 
 
 # ------------------------------------------------------------------ sampling
