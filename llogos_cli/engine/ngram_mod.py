@@ -63,17 +63,16 @@ class NgramMod(Speculator):
         elif state.indexed + INDEX_EVERY < len(tokens):
             self._index(tokens, state.indexed)
             state.indexed = len(tokens) - k
-        limit = n
         window = list(tokens[-k:])
         h, draft = window_hash(window), []
-        while len(draft) < limit:
+        while len(draft) < n:
             token = int(self.table[h % TABLE_SIZE])
             if token == _EMPTY:
                 break
             draft.append(token)
             h = ((h - window[len(draft) - 1] * self._lead) * _MUL + token) & _MASK
             window.append(token)
-        return draft if len(draft) >= min(p.spec_ngram_mod_n_min, limit) else []
+        return draft if len(draft) >= min(p.spec_ngram_mod_n_min, n) else []
 
     def kept(self, row, n_drafted: int, n_accepted: int) -> None:
         super().kept(row, n_drafted, n_accepted)
