@@ -204,6 +204,15 @@ def test_every_format_streams_deltas_that_join_to_the_parsed_calls_however_the_r
             assert len("".join(t["function"].get("arguments") or "" for t in early if t["index"] == 0)) > 20
 
 
+@pytest.mark.parametrize("arguments", ["{'city': 'Oslo'}", '{"city": Oslo}', '{"city": "Oslo",}'])
+def test_a_call_whose_arguments_are_not_json_streams_to_the_end_as_text(arguments):
+    text = '<tool_call>{"name": "get_weather", "arguments": ' + arguments + "}</tool_call>"
+    assert parse(text, TOOLS)[1] == []
+    for pieces in _cuts(text):
+        calls, early, finish = streamed_calls(pieces, TOOLS)
+        assert finish == "stop" and all(not c["arguments"].endswith("}") for c in calls)
+
+
 @pytest.mark.parametrize("write", ALL_FORMATS)
 def test_a_call_to_an_unknown_tool_streams_no_deltas_and_the_reply_stays_text(write):
     text = write("delete_everything", {"city": "Oslo"}) + "\n" + write("get_weather", {"city": "Oslo"})

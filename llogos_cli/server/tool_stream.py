@@ -50,7 +50,10 @@ def _json_calls(text: str, tools: Mapping) -> list[tuple[str, str]]:
             continue
         if m.group(1) not in tools:
             break
-        prefix, end = json_prefix(text, m.end())
+        read = json_prefix(text, m.end())
+        if read is None:   # not JSON once closed: tool_calls.parse reads no call here either
+            break
+        prefix, end = read
         calls.append((m.group(1), prefix))
         if end is None:
             break
@@ -58,9 +61,9 @@ def _json_calls(text: str, tools: Mapping) -> list[tuple[str, str]]:
     return calls
 
 
-def json_prefix(text: str, start: int) -> tuple[str, int | None]:
+def json_prefix(text: str, start: int) -> tuple[str, int | None] | None:
     """The certain beginning of json.dumps of the object that starts at text[start], and where the
-    object ends (None while it is unfinished)."""
+    object ends (None while it is unfinished); None if it closed and is not JSON."""
     closers: list[str] = []         # what closes each open bracket, outermost first
     in_string = is_key = expect_key = escape = False
     hex_left = 0                    # digits still to come of a \uXXXX escape
@@ -94,7 +97,10 @@ def json_prefix(text: str, start: int) -> tuple[str, int | None]:
         elif c in "}]":
             closers.pop()
             if not closers:
-                return json.dumps(json.loads(text[start:i + 1]), ensure_ascii=False), i + 1
+                try:
+                    return json.dumps(json.loads(text[start:i + 1]), ensure_ascii=False), i + 1
+                except json.JSONDecodeError:
+                    return None
             cut = (i + 1, "", closers[:])
         elif c == ",":
             expect_key = closers[-1] == "}"
