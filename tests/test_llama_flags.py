@@ -11,7 +11,6 @@ import click
 import pytest
 
 from llogos_cli.backends.cpu.cpu_threads import available_cores
-from llogos_cli.cli import main  # noqa: F401  (registers every command)
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.text_input import unescape
 from llogos_cli.errors import LlogosError
@@ -25,7 +24,7 @@ TINY = FIXTURES / "tiny-llama-f32.gguf"
 
 def parsed(command: str, *args: str) -> dict:
     """The values Click hands the command for these words, without running it."""
-    return cli.commands[command].make_context(command, list(args)).params
+    return cli.get_command(None, command).make_context(command, list(args)).params
 
 
 def llogos(*args, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:

@@ -7,7 +7,6 @@ import sys
 
 import click
 
-from llogos_cli.cli import batch, chat, embed, generate, serve, tools  # noqa: F401  (each registers its commands)
 from llogos_cli.cli.group import cli
 from llogos_cli.console import err, error
 from llogos_cli.errors import LlogosError
