@@ -297,3 +297,18 @@ def test_a_prompt_that_is_not_utf8_is_the_same_one_line_from_stdin_and_from_a_fi
         r = subprocess.run([sys.executable, "-m", "llogos_cli", "generate", "-m", tiny, "-n", "2", *args], stdin=stdin,
                            env=env, capture_output=True, text=True, timeout=120)
     assert_one_line_error(r, f"error: {where} is not UTF-8 text: byte 0xe9 at offset 3")
+
+
+def test_each_command_is_found_through_the_module_the_group_names_for_it(env):
+    code = ("import sys; from llogos_cli.cli.group import COMMAND_MODULES, cli; import click;"
+            "ctx = click.Context(cli); assert sorted(cli.list_commands(ctx)) == sorted(COMMAND_MODULES);"
+            "print(all(cli.commands[n].callback.__module__ == 'llogos_cli.cli.' + m for n, m in COMMAND_MODULES.items()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+
+
+def test_generate_starts_without_the_server_s_imports(env):
+    code = ("import sys; from llogos_cli.cli.group import cli; cli.get_command(None, 'generate');"
+            "print(sorted(m for m in ('pydantic', 'fastapi', 'llogos_cli.server.schemas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
