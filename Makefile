@@ -52,7 +52,7 @@ browser:
 		echo "no Chromium (apt-get install chromium): the web page's browser tests will skip" >&2
 
 cuda-check: test-venv
-	$(PY) -m pytest $(XDIST) -q -rs tests/test_cuda_compile.py tests/test_cuda_emulated.py
+	$(PY) -m pytest $(XDIST) -q -rs tests/test_cuda_compile.py tests/test_cuda_emulated.py tests/test_cuda_encoders.py
 
 bench: venv
 	$(PY) bench/bench_cpu.py

@@ -26,6 +26,8 @@
 #       bench-float  llogos alone with float32 activations in every product (LLOGOS_CUDA_PRODUCTS=float):
 #                    the same-machine baseline for the 8-bit ones; FLOAT_MODELS=a,b (default llama-8b,llama-1b)
 #       real         the SmolLM2 tests of tests/test_cuda_gpu.py, once its parts are assembled
+#       embeddings   the encoder ops and embeddings of tests/test_cuda_gpu.py (emu/encoder_suite.py,
+#                    llogos embed and serve's /v1/embeddings with --backend cuda) on the embedding fixtures
 #
 # One call of the device tool a line, from the repository root, each carrying one model part (the
 # GGUF is 94 MiB, the tree travels up to 64 MiB a call); the parts wait in /tmp while the machine
@@ -217,7 +219,7 @@ nsys_decode() {
     done
 }
 
-STAGES="tests|bench-small|bench-8b|bench-moe|bench-float|longctx|nsys|real"
+STAGES="tests|bench-small|bench-8b|bench-moe|bench-float|longctx|nsys|real|embeddings"
 usage="usage: bench/gpu_session.sh prepare | [dry-run] STAGE... (${STAGES//|/, })"
 (( $# )) || { echo "$usage" >&2; exit 2; }
 if [[ $1 == prepare ]]; then
@@ -239,5 +241,6 @@ for stage; do
         longctx) longctx ;;
         nsys) NSYS_MODELS=${NSYS_MODELS:-smollm2-135m,llama-1b} nsys_decode ;;
         real) tests real -k "smollm2_" ;;
+        embeddings) tests embeddings -k "encoder_ or embeddings or cli_embed" ;;
     esac
 done

@@ -33,6 +33,12 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
 // Soft-capping of attention scores and logits (Gemma 2): s -> cap * tanh(s / cap); cap 0 leaves s.
 __device__ __forceinline__ float soft_capped(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
 
+// GELU in its tanh approximation, ½ g (1 + tanh(√(2/π) (g + 0.044715 g³))), as Gemma was trained
+// with and BERT's GGUFs are run by llama.cpp: GeGLU's gate (glu.cu) and BERT's feed-forward (gelu.cu).
+__device__ __forceinline__ float gelu_tanh(float g) {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((u32)h << 16); }
 
 // (float)q - bias for 0 <= q < 2^23 in two full-rate instructions (the bias folds into the

@@ -1,6 +1,6 @@
 // Gated linear units of the feed-forward block: y = act(gate) * up, elementwise, act SiLU or GELU
-// (in its tanh approximation, as Gemma was trained with). The _q8 kernels also quantize y for the
-// down product that takes it next (q8_run.cuh; n a multiple of 32).
+// (gelu_tanh in common.cuh). The _q8 kernels also quantize y for the down product that takes it
+// next (q8_run.cuh; n a multiple of 32).
 #include "q8_run.cuh"
 
 template <bool gelu>
@@ -9,8 +9,7 @@ __device__ __forceinline__ void glu(const float* __restrict__ gate, const float*
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // whole warps where xq is given
     const float g = gate[i];
-    const float a = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-                         : g / (1.0f + expf(-g));
+    const float a = gelu ? gelu_tanh(g) : g / (1.0f + expf(-g));
     const float v = a * up[i];
     y[i] = v;
     if (xq != nullptr) quantize_run(v, i / WARP_SIZE, xq, xs);

@@ -16,11 +16,16 @@ from llogos_cli.model.batch import Batch
 from llogos_cli.model.forward import Model
 from tests.conftest import FIXTURES, REFERENCE, assert_teacher_forced, need
 from tests.conftest import reference as reference_outputs  # op_suite has a reference() of its own
+from tests.emu.encoder_suite import *  # noqa: F401,F403 (the shared encoder and embedding tests)
 from tests.emu.model_suite import *  # noqa: F401,F403 (the shared whole-model tests)
 from tests.emu.model_suite import load_bench, relative
 from tests.emu.op_suite import *  # noqa: F401,F403 (the shared operation tests)
 from tests.emu.op_suite import CPU
 from tests.test_cli import env, llogos  # noqa: F401 (env is a fixture)
+from tests.test_embeddings import FAMILIES as EMBEDDING_FAMILIES
+from tests.test_embeddings import HERE, TEXTS
+from tests.test_embeddings import assert_close as assert_cosine
+from tests.test_embeddings import oracle as embedding_oracle
 
 pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA GPU")
 
@@ -145,6 +150,31 @@ def test_cli_perplexity_on_the_gpu_within_one_percent_of_the_cpu(env):
     cpu, gpu = (llogos(env, *args, "--backend", b) for b in ("cpu", "cuda"))
     assert gpu.returncode == 0, gpu.stderr
     assert abs(json.loads(gpu.stdout)["ppl"] / json.loads(cpu.stdout)["ppl"] - 1) < 0.01
+
+
+@pytest.mark.parametrize("name", list(EMBEDDING_FAMILIES))
+def test_cli_embed_on_the_gpu_matches_transformers(env, name):
+    """`llogos embed --backend cuda` of the embedding fixtures (an encoder, a decoder), pooled as
+    their GGUFs say, against transformers' vectors as test_embeddings holds the CPU's."""
+    args = [arg for text in TEXTS for arg in ("-p", text)]
+    r = llogos(env, "embed", "--backend", "cuda", "-m", str(HERE / f"{name}-f32.gguf"), *args, "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert_cosine([json.loads(line)["embedding"] for line in r.stdout.splitlines()],
+                  embedding_oracle(name)[0][EMBEDDING_FAMILIES[name]])
+
+
+def test_serve_embeddings_on_the_gpu_match_transformers(env, tmp_path):
+    """`serve --backend cuda`'s /v1/embeddings of the encoder fixture, as the CPU server's."""
+    from tests.test_server import Server   # skips where the server's extras are not installed
+    server = Server(env, tmp_path / "log", "-m", str(HERE / "tiny-bert-embed-f32.gguf"), "--backend", "cuda",
+                    "-np", "2", "-c", "32")
+    try:
+        r = server.post("/v1/embeddings", {"input": TEXTS, "encoding_format": "float"})
+    finally:
+        server.stop()
+    assert r.status_code == 200, r.text
+    assert_cosine([d["embedding"] for d in r.json()["data"]], embedding_oracle("tiny-bert-embed")[0]["mean"])
+    assert "Traceback" not in server.log.read_text()
 
 
 # ------------------------------------------------------------------ the real SmolLM2 on the GPU

@@ -16,7 +16,7 @@ Every backend implements the same methods on its own array type (NumPy on CPU, C
               attention(q, cache, layout, scale, window, softcap=0, sinks=None, causal=True)
               kv_shift(cache, slot, src, n, delta, rope)
   ffn         glu(gate, up, gelu)
-  encoders    layernorm(x, w, b, eps) · gelu(x): NumPy only (`encoders` True)
+  encoders    layernorm(x, w, b, eps) · gelu(x) (`encoders` True)
   experts     route(logits, k) · matmul_experts(x, w, experts, n_expert, weights=None)
   recurrence  zeros(shape) · ssm_conv(x, conv_state, w, layout) · delta_net(q, k, v, g, beta, state, layout)
   sampling    mask_logits(logits, bits) · argmax_rows(logits)

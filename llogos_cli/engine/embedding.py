@@ -4,6 +4,9 @@ states pooled into one vector and normalised, as llama.cpp's llama-embedding and
 Prompts run together, each whole in a slot of its own (an encoder's attention sees the whole
 sequence, so a prompt is never cut into chunks), as many per forward pass as fit a token budget.
 Each pass gets a cache of its own, sized to its prompts: embedding keeps nothing between passes.
+That cache is float32 on every backend (CUDA's default is f16): its keys and values are read back
+in the same pass, so rounding them would save no memory over time, only cost accuracy, and
+llama.cpp attends an encoder's keys and values unrounded (it keeps no cache for one).
 """
 
 from dataclasses import dataclass
@@ -94,7 +97,7 @@ class Embedder:
         model = self.model
         picked = [self._picked(len(p), options.pooling) for p in prompts]   # which tokens' states each needs
         batch = Batch.join([Batch.run(p, slot, 0, rows) for slot, (p, rows) in enumerate(zip(prompts, picked))])
-        cache = model.new_cache(len(prompts), max(len(p) for p in prompts))
+        cache = model.new_cache(len(prompts), max(len(p) for p in prompts), "f32", "f32")
         hidden = model.backend.to_host(model.hidden(cache, batch)).astype(np.float32)   # (sum picked, n_embd)
         ends = np.cumsum([len(rows) for rows in picked])
         states = np.split(hidden, ends[:-1])

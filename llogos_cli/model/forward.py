@@ -146,7 +146,7 @@ class Model:
         c, b, w = self.cfg, self.backend, self.w
         x = b.add(b.embed(w["token_embd.weight"], batch.tokens),
                   b.embed(w["position_embd.weight"], batch.pos))        # (T, n_embd)
-        x = b.add(x, b.embed(w["token_types.weight"], np.zeros(1, np.int32)))   # (T, n_embd)
+        x = b.add(x, b.embed(w["token_types.weight"], np.zeros(1, np.int32))[0])   # (T, n_embd)
         x = self._layernorm("token_embd_norm", x)                       # (T, n_embd)
         for il in range(c.n_layer):
             p = f"blk.{il}."

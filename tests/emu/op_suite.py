@@ -527,6 +527,19 @@ def _store(backend, caches, rng, runs, n_kv, dk, dv):
     return cpu_layout, layout
 
 
+def paged_caches(backend, tables: np.ndarray, n_blocks: int, block: int, n_kv: int, dk: int, dv: int, type_k: str,
+                 type_v: str) -> list:
+    """A paged cache of n_blocks blocks on the NumPy backend and on this one, slots reaching them
+    through the same block tables (n_slots, blocks per slot)."""
+    caches = []
+    for b in (CPU, backend):
+        device_tables = b.block_tables(*tables.shape)
+        for slot in range(tables.shape[0]):
+            b.write_block_table(device_tables, slot, tables[slot].tolist())
+        caches.append(b.paged_kv_cache(device_tables, n_blocks, block, n_kv, dk, dv, type_k, type_v))
+    return caches
+
+
 @pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
 @pytest.mark.parametrize("runs", ATTENTION_BATCHES.values(), ids=ATTENTION_BATCHES)
 @pytest.mark.parametrize("window", [0, 7])
@@ -553,12 +566,7 @@ def test_paged_kv_store_and_attention(backend, type_k, type_v, runs, window):
     n_blocks = n_slots * n_ctx // block
     tables = rng.permutation(n_blocks).astype(np.int32).reshape(n_slots, n_ctx // block)
     tables[2, 0] = tables[0, 0]
-    caches = []
-    for b in (CPU, backend):
-        device_tables = b.block_tables(n_slots, n_ctx // block)
-        for slot in range(n_slots):
-            b.write_block_table(device_tables, slot, tables[slot].tolist())
-        caches.append(b.paged_kv_cache(device_tables, n_blocks + 1, block, n_kv, dk, dv, type_k, type_v))
+    caches = paged_caches(backend, tables, n_blocks + 1, block, n_kv, dk, dv, type_k, type_v)
     history = [(0, 0, HISTORY[0]), (2, block, HISTORY[2])]   # slot 2's first block: slot 0's keys
     _store(backend, caches, rng, history, n_kv, dk, dv)
     cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot] + (block if slot == 2 else 0), n)

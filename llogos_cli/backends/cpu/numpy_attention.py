@@ -271,7 +271,7 @@ def _run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, sca
         _softcap(scores, softcap)
         qpos = np.arange(pos0 + t0, pos0 + t1)[:, None]
         kpos = np.arange(n)[None, :]
-        masked = kpos > (qpos if causal else n - 1)
+        masked = kpos > (qpos if causal else np.full_like(qpos, n - 1))   # (t, n) either way
         if window:
             masked |= qpos - kpos >= window
         scores = scores.reshape(n_kv, group, t1 - t0, n)

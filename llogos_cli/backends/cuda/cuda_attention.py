@@ -123,10 +123,12 @@ def kv_shift(k, cache: KVCache, slot: int, src: int, n: int, delta: int, rope: t
                  *cache.where(factors)))
 
 
-def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0, sinks=None):
-    """Each query of q (T, H, dk) over its own slot's cached keys up to its position, scores
-    soft-capped by softcap unless 0, and each head's sink (sinks (H,)) joining its softmax's
-    denominator if given; -> (T, H, dv)."""
+def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0, sinks=None,
+              ends=None):
+    """Each query of q (T, H, dk) over its own slot's cached keys up to its position (with ends,
+    device int32 (T,) of Layout.ends(): up to its run's last, not causal), scores soft-capped by
+    softcap unless 0, and each head's sink (sinks (H,)) joining its softmax's denominator if
+    given; -> (T, H, dv)."""
     check(q, np.float32, "q")
     if sinks is not None:
         check(sinks, np.float32, "sinks")
@@ -137,9 +139,10 @@ def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, s
     for t0, t1, slot in _spans(layout.runs):
         s = slice(t0, t1)
         if slot is None:
-            _fused(k, q[s], cache, layout.slots[s], layout.pos[s], scale, window, softcap, sinks, out[s])
+            _fused(k, q[s], cache, layout.slots[s], (layout.pos if ends is None else ends)[s], scale, window, softcap,
+                   sinks, out[s])
         else:
-            out[s] = _gemm(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window, softcap, sinks)
+            out[s] = _gemm(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window, softcap, sinks, ends is None)
     return out
 
 
@@ -173,14 +176,17 @@ def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap:
          *cache.where(slots)))
 
 
-def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int, softcap: float, sinks):
-    """One run of q (T, H, dk) at positions pos0.. of `slot`; -> (T, H, dv)."""
+def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int, softcap: float, sinks,
+          causal: bool = True):
+    """One run of q (T, H, dk) at positions pos0.. of `slot`, each query up to its own position
+    or (not causal) up to the run's last; -> (T, H, dv)."""
     xp = k.xp
     n_tok, n_head, dk = q.shape
     _, n_kv, span, _ = cache.k.shape   # positions per block (unpaged: a slot is one block of n_ctx)
     group = n_head // n_kv
     # Keys from the first one the run's first query sees (all of them without a window).
-    start, end = (max(0, pos0 + 1 - window) if window else 0), pos0 + n_tok
+    end = pos0 + n_tok
+    start = max(0, (pos0 + 1 if causal else end) - window) if window else 0
     n = end - start
     positions = np.arange(start, end, dtype=np.int32)
     if cache.tables is None:
@@ -196,8 +202,10 @@ def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int,
         t1 = min(n_tok, t0 + QUERY_CHUNK)
         qc = q[t0:t1].reshape(t1 - t0, n_kv, group, dk).transpose(1, 2, 0, 3).reshape(n_kv, group * (t1 - t0), dk)
         scores = xp.matmul(qc, keys.transpose(0, 2, 1))                       # (kv, g*t, n)
-        # Query t sees the keys before pos0 + t + 1, counted from `start`.
-        lengths = np.tile(np.arange(pos0 + t0 + 1 - start, pos0 + t1 + 1 - start, dtype=np.int32), n_kv * group)
+        # Query t sees the keys before pos0 + t + 1 (not causal: all n), counted from `start`.
+        seen = (np.arange(pos0 + t0 + 1 - start, pos0 + t1 + 1 - start, dtype=np.int32) if causal
+                else np.full(t1 - t0, n, np.int32))
+        lengths = np.tile(seen, n_kv * group)
         probs = cuda_ops.softmax_lengths(k, scores, xp.asarray(lengths), window, scale, softcap, sinks)  # rows by head
         o = xp.matmul(probs, values)                                           # (kv, g*t, dv)
         out[t0:t1] = o.reshape(n_kv, group, t1 - t0, cache.dv).transpose(2, 0, 1, 3).reshape(t1 - t0, n_head, -1)

@@ -54,7 +54,7 @@ class CudaBackend:
     graphs = True                # capture(fn): the runner replays decode steps from CUDA graphs
     load_threads = 1             # uploads stay on the thread that owns the CUDA context and stream
     default_cache_type = "f16"   # half the memory traffic of f32, as llama.cpp's default
-    encoders = False             # no LayerNorm, GELU or attention that is not causal here yet
+    encoders = True              # layernorm, gelu and attention that is not causal (BERT)
 
     def __init__(self, kernels=None, products: str | None = None):
         """products: "int8" (a few tokens' products with INT8_TYPES multiply 8-bit activations) or
@@ -193,6 +193,12 @@ class CudaBackend:
             self._x8 = (y, x8)
         return y
 
+    def layernorm(self, x, w, b, eps: float):
+        return cuda_ops.layernorm(self.kernels, self._c(x), w, b, eps)
+
+    def gelu(self, x):
+        return cuda_ops.gelu(self.kernels, self._c(x))
+
     def l2norm(self, x, eps: float):
         return cuda_ops.l2norm(self.kernels, self._c(x), eps)
 
@@ -264,10 +270,10 @@ class CudaBackend:
 
     def attention(self, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0,
                   sinks=None, causal: bool = True):
-        """Each query of q (T, H, dk) over its own slot's keys up to its position; -> (T, H, dv)."""
-        if not causal:
-            raise LlogosError("the cuda backend has no attention that is not causal yet; use --backend cpu")
-        return cuda_attention.attention(self.kernels, self._c(q), cache, layout, scale, window, softcap, sinks)
+        """Each query of q (T, H, dk) over its own slot's keys up to its position (not causal: up
+        to its run's last, read from a device copy of the layout's ends); -> (T, H, dv)."""
+        ends = None if causal else self.device_input("ends", layout.ends())
+        return cuda_attention.attention(self.kernels, self._c(q), cache, layout, scale, window, softcap, sinks, ends)
 
     def kv_shift(self, cache: KVCache, slot: int, src: int, n: int, delta: int, rope: tuple | None) -> None:
         cuda_attention.kv_shift(self.kernels, cache, slot, src, n, delta, rope, self._ones_of)

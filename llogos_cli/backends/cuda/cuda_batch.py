@@ -29,6 +29,12 @@ class Layout:
     max_slot: int
     max_pos: int
 
+    def ends(self) -> np.ndarray:
+        """(T,) int32: the position of the last token of each token's run, as far as the token
+        sees where attention is not causal (encoders)."""
+        return np.repeat(np.array([self.host_pos[t1 - 1] for _, _, t1 in self.runs], np.int32),
+                         [t1 - t0 for _, t0, t1 in self.runs])
+
 
 def batch_layout(slots: np.ndarray, pos: np.ndarray, device_slots, device_pos) -> Layout:
     """The layout of a batch from its host arrays and their device copies.

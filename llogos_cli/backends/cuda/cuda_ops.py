@@ -55,6 +55,10 @@ def softplus(k, x):
     return _pointwise(k, "softplus", "softplus_f32", (x,))
 
 
+def gelu(k, x):
+    return _pointwise(k, "gelu", "gelu_f32", (x,))
+
+
 def glu(k, gate, up, gelu: bool, x8=None):
     """act(gate) * up; with x8 (cuda_matmul.q8_buffers of its shape), also quantized into x8."""
     assert gate.shape == up.shape
@@ -75,6 +79,19 @@ def rmsnorm(k, x, w, eps: float, x8=None):
         k.function("rmsnorm", "rmsnorm_f32")(grid, block, (x, w, y, np.int32(ncols), np.float32(eps)))
     else:
         k.function("rmsnorm", "rmsnorm_q8")(grid, block, (x, w, y, *x8, np.int32(ncols), np.float32(eps)))
+    return y
+
+
+def layernorm(k, x, w, b, eps: float):
+    """Over the last dimension of x: centred, scaled to unit variance, weighted by w, plus b."""
+    check(x, np.float32, "x")
+    check(w, np.float32, "w")
+    check(b, np.float32, "b")
+    ncols = x.shape[-1]
+    assert w.shape == b.shape == (ncols,)
+    y = k.xp.empty_like(x)
+    k.function("layernorm", "layernorm_f32")((x.size // ncols,), (_row_threads(ncols),),
+                                             (x, w, b, y, np.int32(ncols), np.float32(eps)))
     return y
 
 
