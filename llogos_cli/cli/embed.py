@@ -9,8 +9,10 @@ import click
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import drop_newline, model_options
 from llogos_cli.cli.text_input import read_file, read_stdin
-from llogos_cli.engine.embedding import DEFAULT_NORMALIZE, POOLINGS, Embedder, EmbedOptions, prompt_ids
+from llogos_cli.cli.rerank_output import rerank_lines
+from llogos_cli.engine.embedding import DEFAULT_NORMALIZE, Embedder, EmbedOptions, prompt_ids
 from llogos_cli.errors import LlogosError
+from llogos_cli.model.config import POOLING_TYPES
 from llogos_cli.model.loader import LoadOptions
 
 
@@ -19,18 +21,29 @@ from llogos_cli.model.loader import LoadOptions
 @click.option("-p", "--prompt", "prompts", multiple=True, help="A text to embed. Repeatable.")
 @click.option("-f", "--file", type=click.Path(path_type=Path, dir_okay=False),
               help="Embed each line of this file (stdin, when piped, is read the same way).")
-@click.option("--pooling", type=click.Choice(POOLINGS),
+@click.option("--pooling", type=click.Choice(POOLING_TYPES),
               help="How token states become one vector: none (one per token), mean, cls (the first token), "
-                   "last. [default: the GGUF's pooling_type, else mean for encoders and last for decoders]")
+                   "last; rank: a reranker's score of each line's query and document (split at --cls-separator). "
+                   "[default: the GGUF's pooling_type, else mean for encoders and last for decoders]")
 @click.option("--embd-normalize", type=click.IntRange(min=-1), default=DEFAULT_NORMALIZE, show_default=True,
               help="-1 none, 0 max absolute scaled to int16, 1 taxicab, 2 euclidean, p > 2 the p-norm.")
-@click.option("--json", "as_json", is_flag=True, help='One {"index": i, "embedding": [...]} object a line.')
-def embed(model: LoadOptions, prompts, file, pooling, embd_normalize, as_json):
-    """Embed texts with the model's final hidden states, pooled, one line each on stdout."""
+@click.option("--cls-separator", default="\t", show_default=repr("\t"),
+              help="With --pooling rank: what parts a line into its query and its document.")
+@click.option("--json", "as_json", is_flag=True,
+              help='One {"index": i, "embedding": [...]} object a line (rank: {"index": i, "score": s}).')
+def embed(model: LoadOptions, prompts, file, pooling, embd_normalize, cls_separator, as_json):
+    """Embed texts with the model's final hidden states, pooled, one line each on stdout; or, with
+    --pooling rank, score each query and document as a reranker (scores as the head gives them,
+    never normalized)."""
     texts = _texts(prompts, file)
     mf = model.open(generates=False)
-    options = EmbedOptions(pooling or mf.cfg.pooling, embd_normalize)
     n_ctx = model.n_ctx(mf)
+    if (pooling or mf.cfg.pooling) == "rank":
+        if not cls_separator:
+            raise LlogosError("--cls-separator is empty: it must part a line into its query and its document")
+        rerank_lines(model, mf, n_ctx, texts, cls_separator, as_json)
+        return
+    options = EmbedOptions(pooling or mf.cfg.pooling, embd_normalize)
     ids = [prompt_ids(mf.tokenizer, text) for text in texts]
     loaded = model.load(mf, n_ctx)
     vectors = Embedder(loaded.model, n_ctx).embed(ids, options)

@@ -25,6 +25,7 @@ from llogos_cli.engine.prefix_cache import CACHE_RAM_MIB
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.errors import LlogosError
+from llogos_cli.model.config import POOLING_TYPES
 from llogos_cli.model.loader import LoadOptions
 from llogos_cli.model.registry import resolve_model
 
@@ -78,9 +79,15 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
                    "unloaded. 0 = no limit.")
 @click.option("--slots/--no-slots", default=True, show_default=True,
               help="Serve GET /slots: what each slot is doing (llama-server's).")
+@click.option("--rerank", "--reranking", "reranking", is_flag=True,
+              help="Serve /v1/rerank (and /rerank): documents scored against a query by a reranker's "
+                   "classification head.")
+@click.option("--pooling", type=click.Choice(POOLING_TYPES),
+              help="How /v1/embeddings pools token states (none, mean, cls, last); rank: serve /v1/rerank, "
+                   "as --reranking. [default: the GGUF's pooling_type]")
 def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
           parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, alias, api_key,
-          api_key_file, webui, slots, models_dir, models_max, model_names, context_shift, keep):
+          api_key_file, webui, slots, models_dir, models_max, model_names, context_shift, keep, reranking, pooling):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -88,6 +95,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         from llogos_cli.server.guards import api_keys
         from llogos_cli.server.metrics import Metrics
         from llogos_cli.server.prepare import RequestDefaults
+        from llogos_cli.server.rerank import load as load_reranker
         from llogos_cli.server.router import Router, sources
         from llogos_cli.server.run import run
     except ImportError as e:
@@ -123,7 +131,11 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         thread = EngineThread(engine, loop, parallel, queue_size, shared.metrics)
         thread.start()
         defaults = RequestDefaults(params, n_predict, split_reasoning, context_shift)
-        return LoadedModel(thread, opened.tokenizer, chat, defaults, n_ctx, name, str(opened.path)), m.model.backend.name
+        reranker = load_reranker(reranking or pooling == "rank", m.model, opened, n_ctx)
+        if isinstance(reranker, LlogosError):
+            warn(f"{name}: /v1/rerank will answer 400: {reranker}")
+        return LoadedModel(thread, opened.tokenizer, chat, defaults, n_ctx, name, str(opened.path), reranker,
+                           None if pooling == "rank" else pooling), m.model.backend.name
 
     def start(loop):
         if routed:

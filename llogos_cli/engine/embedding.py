@@ -19,7 +19,7 @@ from llogos_cli.model.config import POOLING_TYPES
 from llogos_cli.model.forward import Model
 from llogos_cli.model.memory import PREFILL_BATCH
 
-POOLINGS = tuple(p for p in POOLING_TYPES if p != "rank")   # what llogos pools by; rank needs a classifier head
+POOLINGS = tuple(p for p in POOLING_TYPES if p != "rank")   # what makes vectors; rank makes scores (engine/rerank.py)
 DEFAULT_NORMALIZE = 2        # euclidean, llama.cpp's default
 MAX_INT16 = 32760.0          # normalize 0 scales the largest component to this (llama.cpp's int16 range)
 MAX_SEQS = 64                # prompts in one forward pass at most, whatever their length
@@ -31,7 +31,7 @@ class EmbedOptions:
     normalize: int = DEFAULT_NORMALIZE   # -1 none, 0 max-abs to int16, 1 taxicab, 2 euclidean, p > 2 the p-norm
 
     def __post_init__(self):
-        if self.pooling not in POOLINGS:   # rank: a reranker's classification head, which llogos does not run
+        if self.pooling not in POOLINGS:   # rank: a reranker's scores, which engine/rerank.py makes
             raise LlogosError(f"pooling '{self.pooling}' is not supported (choose from {', '.join(POOLINGS)})")
         if self.normalize < -1:
             raise LlogosError(f"--embd-normalize {self.normalize} is not -1, 0, 1, 2 or a larger p-norm")
@@ -67,8 +67,11 @@ class Embedder:
     def __init__(self, model: Model, n_ctx: int, batch_tokens: int = PREFILL_BATCH):
         self.model, self.n_ctx, self.batch_tokens = model, n_ctx, batch_tokens
 
-    def embed(self, prompts: list[list[int]], options: EmbedOptions) -> list[np.ndarray]:
-        """One float32 vector (n_embd,) per prompt; with pooling none, one per token (T, n_embd)."""
+    def embed(self, prompts: list[list[int]], options: EmbedOptions,
+              types: list[list[int] | None] | None = None) -> list[np.ndarray]:
+        """One float32 vector (n_embd,) per prompt; with pooling none, one per token (T, n_embd).
+        types: each prompt's token types (an encoder's sentence A and B), None for all 0."""
+        types = types or [None] * len(prompts)
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise LlogosError(f"input {i} is empty: there is nothing to embed")
@@ -78,26 +81,32 @@ class Embedder:
                 raise LlogosError(f"input {i} has a token id outside the vocabulary (0-{self.model.cfg.n_vocab - 1})")
         out: list[np.ndarray] = []
         for group in self._groups(prompts):
-            out += self._run(group, options)
+            out += self._run([prompts[i] for i in group], options, [types[i] for i in group])
         return out
 
     def _groups(self, prompts: list[list[int]]):
-        """Consecutive prompts within the token budget (a longer prompt alone)."""
+        """The indices of consecutive prompts within the token budget (a longer prompt alone)."""
         group, tokens = [], 0
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             if group and (tokens + len(prompt) > self.batch_tokens or len(group) == MAX_SEQS):
                 yield group
                 group, tokens = [], 0
-            group.append(prompt)
+            group.append(i)
             tokens += len(prompt)
         if group:
             yield group
 
-    def _run(self, prompts: list[list[int]], options: EmbedOptions) -> list[np.ndarray]:
+    def _run(self, prompts: list[list[int]], options: EmbedOptions, types: list) -> list[np.ndarray]:
         model = self.model
         picked = [self._picked(len(p), options.pooling) for p in prompts]   # which tokens' states each needs
+<<<<<<< HEAD
         batch = Batch.join([Batch.run(p, slot, 0, rows) for slot, (p, rows) in enumerate(zip(prompts, picked))])
         cache = model.new_cache(len(prompts), max(len(p) for p in prompts), "f32", "f32")
+=======
+        batch = Batch.join([Batch.run(p, slot, 0, rows, t)
+                            for slot, (p, rows, t) in enumerate(zip(prompts, picked, types))])
+        cache = model.new_cache(len(prompts), max(len(p) for p in prompts))
+>>>>>>> rerank
         hidden = model.backend.to_host(model.hidden(cache, batch)).astype(np.float32)   # (sum picked, n_embd)
         ends = np.cumsum([len(rows) for rows in picked])
         states = np.split(hidden, ends[:-1])

@@ -142,11 +142,15 @@ class Model:
         return x
 
     def _encode(self, batch: Batch, cache: Cache, layout):
-        """BERT's layers over the batch (every token of type 0, as llama.cpp gives them): -> (T, n_embd)."""
+        """BERT's layers over the batch (its tokens of type 0, as llama.cpp gives them all, unless the
+        batch says otherwise): -> (T, n_embd)."""
         c, b, w = self.cfg, self.backend, self.w
         x = b.add(b.embed(w["token_embd.weight"], batch.tokens),
                   b.embed(w["position_embd.weight"], batch.pos))        # (T, n_embd)
-        x = b.add(x, b.embed(w["token_types.weight"], np.zeros(1, np.int32))[0])   # (T, n_embd)
+        if batch.types is None:   # every token type 0: its row, which every backend's add repeats
+            x = b.add(x, b.embed(w["token_types.weight"], np.zeros(1, np.int32))[0])   # (T, n_embd)
+        else:
+            x = b.add(x, b.embed(w["token_types.weight"], batch.types))              # (T, n_embd)
         x = self._layernorm("token_embd_norm", x)                       # (T, n_embd)
         for il in range(c.n_layer):
             p = f"blk.{il}."

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from llogos_cli.engine.conversation import ChatFormat
 from llogos_cli.errors import LlogosError
-from llogos_cli.server import anthropic, anthropic_schemas, embeddings, native, responses, responses_schemas, schemas, webui
+from llogos_cli.server import anthropic, anthropic_schemas, embeddings, native, rerank, responses, responses_schemas, schemas, webui
 from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
@@ -55,6 +55,8 @@ class LoadedModel:
     n_ctx: int
     name: str = ""    # the model's name in the API
     path: str = ""    # its GGUF file
+    reranker: object = None   # server/rerank.load's: None where reranking is off
+    pooling: str | None = None   # --pooling of its embeddings, None for the GGUF's
 
 
 class ServerState:
@@ -192,6 +194,14 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
     async def llama_embedding(request: Request):
         body = _parse(embeddings.LlamaEmbeddingRequest, await request.body())
         return await embeddings.llama_embedding(await shared.model(body.model), body)
+
+    async def reranking(request: Request):
+        body = _parse(rerank.RerankRequest, await request.body())
+        loaded = await shared.model(body.model)
+        return await rerank.rerank(loaded, loaded.name, body)
+
+    for path in rerank.PATHS:
+        app.post(path, dependencies=[Depends(authorized)])(reranking)
 
     async def translated(request: Request, schema, prepare, renderer_class):
         """An API translated onto the chat endpoint's: `prepare` gives the chat request its body means

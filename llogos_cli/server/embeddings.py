@@ -64,7 +64,7 @@ async def v1_embeddings(loaded, model_id: str, body: EmbeddingRequest) -> Embedd
     if body.dimensions is not None and body.dimensions != cfg.n_embd:
         raise ApiError(400, f"dimensions {body.dimensions} is not supported: this model's embeddings have "
                        f"{cfg.n_embd}", param="dimensions")
-    if cfg.pooling == "none":
+    if (loaded.pooling or cfg.pooling) == "none":
         raise ApiError(400, "this model pools nothing (pooling_type none): /v1/embeddings needs one vector a "
                        "text; /embedding gives one a token", param="input")
     prompts = await run_in_threadpool(_token_lists, loaded.tokenizer, body.input)
@@ -97,14 +97,22 @@ def _model(loaded):
 async def _embed(loaded, prompts: list[list[int]]) -> list[np.ndarray]:
     model = _model(loaded)
     try:
-        options = EmbedOptions(model.cfg.pooling, DEFAULT_NORMALIZE)
-        return await loaded.engine.call(lambda: Embedder(model, loaded.n_ctx).embed(prompts, options))
+        options = EmbedOptions(loaded.pooling or model.cfg.pooling, DEFAULT_NORMALIZE)
+    except LlogosError as e:
+        raise ApiError(400, str(e), param="input") from None
+    return await on_engine(loaded, lambda: Embedder(model, loaded.n_ctx).embed(prompts, options), "input")
+
+
+async def on_engine(loaded, fn, param: str):
+    """fn() run on the engine thread between steps; what it refuses (a LlogosError) a 400 naming param."""
+    try:
+        return await loaded.engine.call(fn)
     except ShuttingDown as e:
         raise ApiError(503, str(e), code="shutting_down") from None
     except CallFailed as e:
         raise ApiError(500, str(e), code="engine_error") from None
     except LlogosError as e:
-        raise ApiError(400, str(e), param="input") from None
+        raise ApiError(400, str(e), param=param) from None
 
 
 def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
