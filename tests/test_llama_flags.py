@@ -69,9 +69,10 @@ def test_spellings_on_the_other_commands():
     assert str(parsed("chat", "--system-prompt-file", "s.txt")["system_file"]) == "s.txt"
     assert parsed("chat", "--system-prompt", "hi")["system"] == "hi"
     p = parsed("serve", "-np", "4", "-b", "256", "-ub", "64", "-cram", "100", "-ngl", "99", "-fa", "auto", "--jinja",
-               "-cb", "--metrics", "-a", "my-model")
+               "-cb", "--metrics", "-a", "my-model", "--embeddings", "--reranking")
     assert (p["parallel"], p["batch_size"], p["ubatch_size"], p["cache_ram"], p["gpu_layers"]) == (4, 256, 64, 100, 99)
-    assert p["alias"] == "my-model"
+    assert p["alias"] == "my-model" and p["reranking"]
+    assert "embedding" not in parsed("serve", "--embedding")
     p = parsed("perplexity", "-f", "t.txt", "-c", "128", "-b", "64", "--chunks", "3", "-ngl", "0")
     assert (p["ctx_size"], p["batch_size"], p["chunks"], p["gpu_layers"]) == (128, 64, 3, 0)
     p = parsed("tokenize", "-m", "x.gguf", "--stdin", "--ids", "--show-count", "--no-bos", "--no-parse-special")

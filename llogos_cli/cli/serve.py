@@ -82,6 +82,8 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @click.option("--rerank", "--reranking", "reranking", is_flag=True,
               help="Serve /v1/rerank (and /rerank): documents scored against a query by a reranker's "
                    "classification head.")
+@click.option("--embedding", "--embeddings", is_flag=True, expose_value=False,
+              help="Accepted for llama-server's command lines: /v1/embeddings is served with any model.")
 @click.option("--pooling", type=click.Choice(POOLING_TYPES),
               help="How /v1/embeddings pools token states (none, mean, cls, last); rank: serve /v1/rerank, "
                    "as --reranking. [default: the GGUF's pooling_type]")
