@@ -5,10 +5,13 @@ each model's footprint), /models/load and /models/unload, an unload never cuttin
 /metrics per model, /v1/models listing every model with its status, and an unknown model as a 404
 naming the available ones."""
 
+import asyncio
 import json
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -20,6 +23,8 @@ from tests.test_server import Server
 from tests.test_server_native import compile_kernels
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.model.loader import LoadOptions
+from llogos_cli.server.errors import ApiError
+from llogos_cli.server.router import HoldModels, Limits, Router
 
 pytest.importorskip("fastapi")
 
@@ -62,6 +67,124 @@ def complete(server, model, prompt, **kw) -> dict:
     r = post(server, "/completion", {"model": model, "prompt": prompt, "n_predict": 4, **GREEDY, **kw})
     assert r.status_code == 200, r.text
     return r.json()
+
+
+class Models:
+    """open/load/unload for a Router without models: each a footprint in bytes; what happened, in order,
+    and the most ever loaded at once."""
+
+    def __init__(self, sizes: dict[str, int]):
+        self.sizes, self.events, self.most = sizes, [], 0
+        self._lock, self._loaded = threading.Lock(), set()
+
+    def open(self, name, source):
+        return name, self.sizes[name]
+
+    def load(self, name, opened):
+        time.sleep(0.05)   # a load takes time: the requests that come meanwhile wait on it
+        with self._lock:
+            self.events.append(f"load {name}")
+            self._loaded.add(name)
+            self.most = max(self.most, len(self._loaded))
+        return SimpleNamespace(name=name, footprint=self.sizes[name])
+
+    def unload(self, loaded):
+        with self._lock:
+            self.events.append(f"unload {loaded.name}")
+            self._loaded.discard(loaded.name)
+
+    def router(self, **limits) -> Router:
+        return Router({name: name for name in self.sizes}, self.open, self.load, self.unload, Limits(**limits))
+
+
+async def use(router: Router, name: str, until: asyncio.Event | None = None):
+    """A request to `name` through HoldModels, holding it until `until` is set: the model it got."""
+    got = []
+
+    async def app(scope, receive, send):
+        got.append(await router.get(name))
+        if until is not None:
+            await until.wait()
+
+    await HoldModels(app)({"type": "http"}, None, None)
+    return got[0].name
+
+
+def test_router_loads_once_for_concurrent_requests_and_never_passes_models_max():
+    models = Models({"a": 1, "b": 1, "c": 1})
+
+    async def main():
+        router = models.router(models_max=1)
+        names = ["a", "b", "a", "c", "b", "a"]   # cold, all at once
+        # without holds the loads would take each other's models away before their requests resume
+        assert await asyncio.wait_for(asyncio.gather(*(use(router, n) for n in names)), 60) == names
+        return router
+
+    router = asyncio.run(main())
+    assert models.most == 1 and sorted(e for e in models.events if e.startswith("load")) == ["load a", "load b",
+                                                                                            "load c"]
+    assert [router.status(n)["value"] for n in "abc"].count("loaded") == 1
+
+
+def test_router_never_unloads_a_model_a_request_holds():
+    models = Models({"a": 1, "b": 1})
+
+    async def main():
+        router = models.router(models_max=1)
+        done = asyncio.Event()
+        holding = asyncio.ensure_future(use(router, "a", until=done))
+        while router.status("a")["value"] != "loaded":
+            await asyncio.sleep(0.01)
+        other = asyncio.ensure_future(use(router, "b"))
+        await asyncio.sleep(0.3)   # b waits for room: a is held
+        assert models.events == ["load a"] and router.status("b")["value"] == "loading"
+        assert router.status("a")["value"] == "loaded"   # not marked for unloading: it serves on
+        assert await asyncio.wait_for(use(router, "a"), 1) == "a"
+        done.set()
+        assert await asyncio.gather(holding, other) == ["a", "b"]
+
+    asyncio.run(main())
+    assert models.events == ["load a", "unload a", "load b"] and models.most == 1
+
+
+def test_router_memory_budget_counts_footprints():
+    models = Models({"small": 3, "mid": 5, "other": 4, "big": 11})
+
+    async def main():
+        router = models.router(memory=10)
+        await use(router, "small")
+        await use(router, "mid")   # 3 + 5 fit in 10
+        await use(router, "small")   # mid is now the least recently used
+        await use(router, "other")   # 3 + 5 + 4 do not: mid goes
+        with pytest.raises(ApiError, match="more than --models-memory"):
+            await use(router, "big")
+        assert router.status("big") == {"value": "unloaded", "failed": True}
+        assert [router.status(n)["value"] for n in ("small", "mid", "other")] == ["loaded", "unloaded", "loaded"]
+
+    asyncio.run(main())
+    assert models.events == ["load small", "load mid", "unload mid", "load other"]
+
+
+def test_router_unload_during_use_waits_and_a_new_request_loads_again():
+    models = Models({"a": 1})
+
+    async def main():
+        router = models.router()
+        done = asyncio.Event()
+        holding = asyncio.ensure_future(use(router, "a", until=done))
+        while router.status("a")["value"] != "loaded":
+            await asyncio.sleep(0.01)
+        router.unload("a")
+        later = asyncio.ensure_future(use(router, "a"))
+        await asyncio.sleep(0.2)
+        assert router.status("a")["value"] == "unloading" and models.events == ["load a"]
+        done.set()
+        assert await asyncio.gather(holding, later) == ["a", "a"]
+        with pytest.raises(ApiError, match="already loaded"):
+            await router.load("a")
+
+    asyncio.run(main())
+    assert models.events == ["load a", "unload a", "load a"]
 
 
 def test_models_load_on_demand_once_and_route_by_name(router):
