@@ -1,5 +1,5 @@
 """llama-server's native endpoints on `llogos serve`: /completion (whole and streamed, ids and mixed
-prompts, n_probs, return_tokens, stop words, timings), /tokenize with pieces, /detokenize,
+prompts, several prompts in one request, n_probs, return_tokens, stop words, timings), /tokenize with pieces, /detokenize,
 /apply-template, /slots, /v1/health and /props, each checked against the model's own tokenizer and the
 OpenAI endpoints' answers, and bad bodies as 400s with the error object."""
 
@@ -156,7 +156,8 @@ def test_slots_health_and_props(smol):
     ("/completion", {"prompt": [1, 999999], "n_predict": 1}, "out of range"),
     ("/completion", {"prompt": [], "n_predict": 1}, "prompt"),
     ("/completion", {"prompt": "a", "bogus": 1}, "unknown field 'bogus'"),
-    ("/completion", {"prompt": ["one", "two"]}, "several prompts"),
+    ("/completion", {"prompt": [1, [2, 3]]}, "not both"),
+    ("/completion", {"prompt": ["one", []]}, "prompt"),
     ("/tokenize", {"text": "a"}, "content"),
     ("/detokenize", {"tokens": [999999]}, "outside the vocabulary"),
     ("/detokenize", {"tokens": "1 2"}, "tokens"),
@@ -178,3 +179,30 @@ def test_no_slots_flag(compiled, tmp_path):
         assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
     finally:
         server.stop()
+
+
+def test_several_prompts_are_a_reply_each_whole_and_streamed(smol):
+    prompts = ["The capital of France is", tokens(smol, "Once upon a time"), ["1, 2,", *tokens(smol, " 3,")]]
+    body = {"prompt": prompts, "n_predict": 5, "return_tokens": True, **GREEDY}
+    alone = [post(smol, "/completion", {**body, "prompt": p}) for p in prompts]
+    replies = post(smol, "/completion", body)
+    assert [r["index"] for r in replies] == [0, 1, 2]
+    for one, reply in zip(alone, replies):
+        assert (reply["content"], reply["tokens"], reply["tokens_evaluated"]) == \
+            (one["content"], one["tokens"], one["tokens_evaluated"])
+    assert len({r["tokens_evaluated"] for r in replies}) == 3
+    with httpx.stream("POST", smol.url + "/completion", content=json.dumps({**body, "stream": True}),
+                      timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line]
+    for i, one in enumerate(alone):
+        mine = [c for c in chunks if c["index"] == i]
+        assert "".join(c["content"] for c in mine) == one["content"] and mine[-1]["stop"] is True
+        assert all(c["tokens_evaluated"] == one["tokens_evaluated"] for c in mine)
+    assert post(smol, "/completion", {**body, "prompt": ["Paris"]})["content"] == \
+        post(smol, "/completion", {**body, "prompt": "Paris"})["content"]   # a list of one is one reply
+
+
+def test_model_load_and_unload_need_router_mode(smol):
+    for path in ("/models/load", "/models/unload"):
+        r = smol.post(path, {"model": "smollm2-135m"})
+        assert r.status_code == 404 and "router mode" in r.json()["error"]["message"]

@@ -21,7 +21,7 @@ from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import TemplateChoice
 from llogos_cli.engine.draft_model import load_draft_model
-from llogos_cli.engine.prefix_cache import CACHE_RAM_MIB
+from llogos_cli.engine.prefix_cache import BLOCK_SIZE, CACHE_RAM_MIB
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.errors import LlogosError
@@ -77,6 +77,12 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
 @click.option("--models-max", type=click.IntRange(min=0), default=4, show_default=True, metavar="N",
               help="Router mode: models loaded at once; beyond them the least recently used idle one is "
                    "unloaded. 0 = no limit.")
+@click.option("--models-memory", type=click.IntRange(min=0), default=0, show_default=True, metavar="MiB",
+              help="Router mode (llogos' own): memory the loaded models may take together, each its weights as "
+                   "held and its KV pool; the least recently used idle ones are unloaded to make room. 0 = no budget.")
+@click.option("--models-autoload/--no-models-autoload", default=True, show_default=True,
+              help="Router mode: a request for a model that is not loaded loads it; without, it is refused until "
+                   "POST /models/load.")
 @click.option("--slots/--no-slots", default=True, show_default=True,
               help="Serve GET /slots: what each slot is doing (llama-server's).")
 @click.option("--rerank", "--reranking", "reranking", is_flag=True,
@@ -89,7 +95,8 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
                    "as --reranking. [default: the GGUF's pooling_type]")
 def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecParams, template: TemplateChoice, host, port,
           parallel, batch_size, queue_size, n_predict, cache_prompt, cache_ram, split_reasoning, alias, api_key,
-          api_key_file, webui, slots, models_dir, models_max, model_names, context_shift, keep, reranking, pooling):
+          api_key_file, webui, slots, models_dir, models_max, models_memory, models_autoload, model_names, context_shift,
+          keep, reranking, pooling):
     """Serve the OpenAI API (chat and text completions) with up to -np requests at once."""
     try:   # the server extra is optional: other commands never import it
         from llogos_cli.server.app import LoadedModel, ServerState, create_app
@@ -98,7 +105,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         from llogos_cli.server.metrics import Metrics
         from llogos_cli.server.prepare import RequestDefaults
         from llogos_cli.server.rerank import load as load_reranker
-        from llogos_cli.server.router import Router, sources
+        from llogos_cli.server.router import Limits, Router, sources
         from llogos_cli.server.run import run
     except ImportError as e:
         raise LlogosError(f"`llogos serve` needs the server extra ({e.name} is missing): "
@@ -122,37 +129,47 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
 
     slots_text = f"{parallel} slot{'s' if parallel > 1 else ''}"
 
-    def build(opened, name: str, loop, chat, params):
+    cache_bytes = cache_ram << 20 if cache_prompt else 0
+
+    def build(opened, name: str, loop, chat, params, metrics):
         """The model loaded with its engine thread running; and the backend it runs on."""
         n_ctx = model.n_ctx(opened)
         m = model.load(opened, n_ctx, parallel)
         engine = BatchEngine(m.model, opened.tokenizer, parallel, n_ctx, model.cache_types, batch_size,
-                             cache_ram << 20 if cache_prompt else 0, keep_slots=cache_prompt, speculation=speculation,
+                             cache_bytes, keep_slots=cache_prompt, speculation=speculation,
                              context_shift=context_shift, n_keep=keep,
                              draft_model=load_draft_model(speculation, model, m, n_ctx, parallel))
-        thread = EngineThread(engine, loop, parallel, queue_size, shared.metrics)
+        thread = EngineThread(engine, loop, parallel, queue_size, metrics)
         thread.start()
         defaults = RequestDefaults(params, n_predict, split_reasoning, context_shift)
         reranker = load_reranker(reranking or pooling == "rank", m.model, opened, n_ctx)
         if isinstance(reranker, LlogosError):
             warn(f"{name}: /v1/rerank will answer 400: {reranker}")
-        return LoadedModel(thread, opened.tokenizer, chat, defaults, n_ctx, name, str(opened.path), reranker,
-                           None if pooling == "rank" else pooling), m.model.backend.name
+        footprint = model.footprint(opened, n_ctx, parallel, BLOCK_SIZE, cache_bytes, engine.n_blocks)
+        return (LoadedModel(thread, opened.tokenizer, chat, defaults, n_ctx, name, str(opened.path), reranker,
+                            None if pooling == "rank" else pooling, footprint), m.model.backend.name)
 
     def start(loop):
         if routed:
-            shared.router = Router(routed, lambda name, source: load_routed(name, source, loop), unload, models_max)
+            limits = Limits(models_max, models_memory << 20, models_autoload)
+            shared.router = Router(routed, open_routed, lambda name, opened: load_routed(name, opened, loop), unload,
+                                   limits)
+            budget = f", {models_memory} MiB in all" if models_memory else ""
             err.print(f"llogos serve: listening on {where} (router: {', '.join(routed)}; up to "
-                      f"{models_max or 'any number of'} loaded, {slots_text} each)", markup=False, highlight=False,
-                      soft_wrap=True)
+                      f"{models_max or 'any number of'} loaded{budget}, {slots_text} each)", markup=False,
+                      highlight=False, soft_wrap=True)
             return
         threading.Thread(target=load_then_run, args=(loop,), name="llogos-load", daemon=True).start()
 
-    def load_routed(name: str, source: str, loop):
+    def open_routed(name: str, source: str):
         opened = replace(model, model_name=source).open(generates=False)
+        return opened, model.footprint(opened, model.n_ctx(opened), parallel, BLOCK_SIZE, cache_bytes)
+
+    def load_routed(name: str, opened, loop):
         loaded, backend = build(opened, name, loop, template.format_or_none(opened),
-                                sampling.params(opened.sampling_defaults))
-        err.print(f"llogos serve: loaded {name} on {backend}", markup=False, highlight=False, soft_wrap=True)
+                                sampling.params(opened.sampling_defaults), Metrics(parallel))
+        err.print(f"llogos serve: loaded {name} on {backend} ({loaded.footprint / 2 ** 20:.0f} MiB)", markup=False,
+                  highlight=False, soft_wrap=True)
         return loaded
 
     def unload(loaded):
@@ -161,7 +178,7 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
 
     def load_then_run(loop):
         try:
-            shared.loaded, backend = build(mf, model_id, loop, *settings)
+            shared.loaded, backend = build(mf, model_id, loop, *settings, shared.metrics)
         except (LlogosError, MemoryError) as e:
             failure.append(e)
             app.state.server.should_exit = True
@@ -170,7 +187,9 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
                   f"{shared.loaded.n_ctx} tokens)", markup=False, highlight=False, soft_wrap=True)
 
     def running() -> list:
-        return shared.router.each_loaded() if shared.router else [shared.loaded] if shared.loaded else []
+        if shared.router:
+            return [loaded for _, loaded in shared.router.each_loaded()]
+        return [shared.loaded] if shared.loaded else []
 
     def close():
         for loaded in running():

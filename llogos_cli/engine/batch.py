@@ -158,6 +158,7 @@ class BatchEngine:
         n_blocks = _kv_pool_blocks(model, cache_types, n_slots, n_ctx, prefix_cache_bytes if cache_prefixes else 0)
         self.scheduler = Scheduler(n_slots, step_tokens, BlockManager(n_blocks), cache_prefixes, keep_slots, recurrent)
         self.runner = ModelRunner(model, n_slots, n_ctx, cache_types, n_blocks)
+        self.n_blocks = n_blocks   # the KV pool's, of BLOCK_SIZE positions each
         self.shift = (ContextShift(self.runner, self.scheduler.blocks, n_ctx, tokenizer.bos_id, recurrent, n_keep)
                       if context_shift else None)
         self._done: list[Update] = []    # requests that ended before needing a slot

@@ -99,14 +99,9 @@ class Embedder:
     def _run(self, prompts: list[list[int]], options: EmbedOptions, types: list) -> list[np.ndarray]:
         model = self.model
         picked = [self._picked(len(p), options.pooling) for p in prompts]   # which tokens' states each needs
-<<<<<<< HEAD
-        batch = Batch.join([Batch.run(p, slot, 0, rows) for slot, (p, rows) in enumerate(zip(prompts, picked))])
-        cache = model.new_cache(len(prompts), max(len(p) for p in prompts), "f32", "f32")
-=======
         batch = Batch.join([Batch.run(p, slot, 0, rows, t)
                             for slot, (p, rows, t) in enumerate(zip(prompts, picked, types))])
-        cache = model.new_cache(len(prompts), max(len(p) for p in prompts))
->>>>>>> rerank
+        cache = model.new_cache(len(prompts), max(len(p) for p in prompts), "f32", "f32")
         hidden = model.backend.to_host(model.hidden(cache, batch)).astype(np.float32)   # (sum picked, n_embd)
         ends = np.cumsum([len(rows) for rows in picked])
         states = np.split(hidden, ends[:-1])

@@ -102,6 +102,26 @@ class LoadOptions:
             warn(f"--mlock: the model could not be locked in memory ({refused}); it runs unlocked")
         return loaded
 
+    def footprint(self, mf: ModelFile, n_ctx: int, n_slots: int, block_size: int, cache_bytes: int,
+                  n_blocks: int | None = None) -> int:
+        """Bytes the model holds once loaded for n_slots: its weights as the backend will hold them and
+        its paged KV pool of n_blocks blocks (None: as many as memory.kv_pool_blocks would give it
+        now, with cache_bytes of prefixes); decided without reading a weight."""
+        cfg = mf.cfg
+        if self.placement(cfg.n_layer) != "cpu" and cuda_available():
+            from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+            held, device, default = "cuda", "cuda", CudaBackend.default_cache_type
+        else:
+            from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
+            device, default = "cpu", NumpyBackend.default_cache_type
+            held = memory.choose_cpu_weights(mf.file, cfg, self.cpu_weights, n_ctx,
+                                             self.cache_type_k or default, self.cache_type_v or default, n_slots)[0]
+        types = (self.cache_type_k or default, self.cache_type_v or default)
+        if n_blocks is None:
+            n_blocks = memory.kv_pool_blocks(cfg, device, *types, block_size, n_slots, n_ctx, cache_bytes)
+        kv = n_blocks * block_size * memory.kv_bytes_per_position(cfg, device, *types)
+        return memory.weight_bytes(mf.file, cfg, held) + int(kv)
+
     def placement(self, n_layer: int) -> str:
         """The backend, with -ngl read as llama.cpp means it. llogos runs a model whole on one device, so
         a count of layers picks the device: any layer on the GPU puts every layer there."""

@@ -29,7 +29,7 @@ from llogos_cli.server import anthropic, anthropic_schemas, embeddings, native, 
 from llogos_cli.server.engine_thread import Busy, EngineThread, ShuttingDown
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.guards import MAX_BODY, BodyLimit, check_key
-from llogos_cli.server.metrics import Metrics
+from llogos_cli.server.metrics import Metrics, render
 from llogos_cli.server.native_render import NativeRenderer
 from llogos_cli.server.props import props
 from llogos_cli.server.prepare import (
@@ -40,7 +40,7 @@ from llogos_cli.server.prepare import (
 )
 from llogos_cli.server.render import ChatRenderer, Choices, CompletionRenderer, Envelope
 from llogos_cli.server.request_log import RequestLog
-from llogos_cli.server.router import Router
+from llogos_cli.server.router import HoldModels, Router
 
 RETRY_AFTER_S = 1   # what a client told the queue is full should wait before trying again
 
@@ -57,6 +57,7 @@ class LoadedModel:
     path: str = ""    # its GGUF file
     reranker: object = None   # server/rerank.load's: None where reranking is off
     pooling: str | None = None   # --pooling of its embeddings, None for the GGUF's
+    footprint: int = 0   # bytes: its weights as held and its KV pool (router mode's --models-memory)
 
 
 class ServerState:
@@ -91,6 +92,7 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
 
     app = FastAPI(title="llogos", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_body)
+    app.add_middleware(HoldModels)
     app.add_middleware(RequestLog)   # outermost: it also sees what BodyLimit refuses
 
     def authorized(authorization: str | None = Header(None), x_api_key: str | None = Header(None)) -> None:
@@ -115,8 +117,29 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         return {"status": "ok"}
 
     @app.get("/metrics", dependencies=[Depends(authorized)], response_class=PlainTextResponse)
-    async def metrics():
-        return PlainTextResponse(shared.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def metrics(request: Request):
+        if shared.router is None:
+            text = shared.metrics.render()
+        else:   # each model's under its label, and the requests refused before reaching one
+            name = request.query_params.get("model")
+            text = render(shared.router.metrics(name) + ([] if name else [("", shared.metrics.families(True))]))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    def routed() -> Router:
+        if shared.router is None:
+            raise ApiError(404, "this server serves one model: start it with -m several times or --models-dir "
+                           "(router mode) to load and unload models")
+        return shared.router
+
+    @app.post("/models/load", dependencies=[Depends(authorized)])
+    async def load_model(request: Request):
+        await routed().load(_parse(native.ModelRequest, await request.body()).model)
+        return {"success": True}
+
+    @app.post("/models/unload", dependencies=[Depends(authorized)])
+    async def unload_model(request: Request):
+        routed().unload(_parse(native.ModelRequest, await request.body()).model)
+        return {"success": True}
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models() -> schemas.ModelList:
@@ -151,23 +174,22 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         loaded = await shared.model(body.model)
         prepared = await run_in_threadpool(prepare_chat, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                            loaded.n_ctx)
-        return await _answer(shared, loaded, prepared, body, ChatRenderer, request)
+        return await _answer(loaded, prepared, body, ChatRenderer, request)
 
-    async def completion(request: Request, schema, renderer_class):
+    async def completion(request: Request, schema, prepare, renderer_class):
         body = _parse(schema, await request.body())
         loaded = await shared.model(body.model)
-        prepared = await run_in_threadpool(prepare_completion, body, loaded.tokenizer, loaded.defaults,
-                                           loaded.n_ctx)
-        return await _answer(shared, loaded, prepared, body, renderer_class, request)
+        prepared = await run_in_threadpool(prepare, body, loaded.tokenizer, loaded.defaults, loaded.n_ctx)
+        return await _answer(loaded, prepared, body, renderer_class, request)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request):
-        return await completion(request, schemas.CompletionRequest, CompletionRenderer)
+        return await completion(request, schemas.CompletionRequest, prepare_completion, CompletionRenderer)
 
     @app.post("/completion", dependencies=[Depends(authorized)])
     @app.post("/completions", dependencies=[Depends(authorized)])
     async def native_completion(request: Request):
-        return await completion(request, native.NativeCompletionRequest, NativeRenderer)
+        return await completion(request, native.NativeCompletionRequest, native.prepare, NativeRenderer)
 
     @app.post("/tokenize", dependencies=[Depends(authorized)])
     async def tokenize(request: Request):
@@ -210,7 +232,7 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         loaded = await shared.model(body.model)
         chat_body, prepared = await run_in_threadpool(prepare, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                                       loaded.n_ctx)
-        return await _answer(shared, loaded, prepared, chat_body, renderer_class, request)
+        return await _answer(loaded, prepared, chat_body, renderer_class, request)
 
     @app.post(anthropic.PATH, dependencies=[Depends(authorized)])
     async def messages(request: Request):
@@ -241,7 +263,7 @@ def _error_response(request: Request, e: ApiError) -> Response:
     return e.response()
 
 
-async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, body, renderer_class, request: Request):
+async def _answer(loaded: LoadedModel, prepared: Prepared, body, renderer_class, request: Request):
     requests = prepared.requests
     if len(requests) > loaded.engine.capacity:
         raise ApiError(400, f"n {len(requests)} is more choices than this server has slots and queue places "
@@ -253,25 +275,25 @@ async def _answer(shared: ServerState, loaded: LoadedModel, prepared: Prepared, 
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     envelope = Envelope(prepared.id, loaded.name, loaded.tokenizer, prepared.n_top, body.include_usage,
                         prepared.tools, prepared.parallel_tool_calls, prepared.reasoning, prepared.return_tokens,
-                        body.stops, len(requests[0].prompt))
+                        body.stops, len(requests[0].prompt), tuple(len(r.prompt) for r in requests))
     ids = [r.id for r in requests]
     choices = Choices(renderer_class, envelope, ids, len(requests[0].prompt))
     accepted = await _until_disconnect(events.get(), request)
     if isinstance(accepted, LlogosError):
         raise _failure(accepted) if isinstance(accepted, ShuttingDown) else ApiError(400, str(accepted))
     if accepted is not GONE and body.stream:   # from here the stream owns the request
-        return StreamingResponse(_stream(shared, loaded, ids, events, choices), media_type="text/event-stream",
+        return StreamingResponse(_stream(loaded, ids, events, choices), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     failed = GONE if accepted is GONE else await _until_disconnect(_results(events, choices), request)
     if failed is GONE:
         for rid in ids:
             loaded.engine.cancel(rid)
-        shared.metrics.request("cancelled")
+        loaded.engine.metrics.request("cancelled")
         return Response(status_code=499)   # nginx's "client closed request": nobody reads it
     if failed is not None:
-        shared.metrics.request("failed")
+        loaded.engine.metrics.request("failed")
         return _error_response(request, _failure(failed))
-    shared.metrics.request("ok")
+    loaded.engine.metrics.request("ok")
     return JSONResponse(choices.body().model_dump(mode="json"))
 
 
@@ -307,7 +329,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _stream(shared: ServerState, loaded: LoadedModel, ids: list, events: asyncio.Queue, choices: Choices):
+async def _stream(loaded: LoadedModel, ids: list, events: asyncio.Queue, choices: Choices):
     """The events of one response's requests as SSE. Starlette cancels this generator when the client
     disconnects; the finally then frees every choice's slot before the engine's next step."""
     done = False
@@ -318,7 +340,7 @@ async def _stream(shared: ServerState, loaded: LoadedModel, ids: list, events: a
             item = await events.get()
             if isinstance(item, LlogosError):
                 done = True
-                shared.metrics.request("failed")
+                loaded.engine.metrics.request("failed")
                 yield choices.error(_failure(item))
                 return
             if item.token is not None and (chunk := choices.token(item.id, item.token)) is not None:
@@ -328,13 +350,13 @@ async def _stream(shared: ServerState, loaded: LoadedModel, ids: list, events: a
                     yield chunk
                 if choices.done:
                     done = True
-                    shared.metrics.request("ok")
+                    loaded.engine.metrics.request("ok")
                     return
     finally:
         if not done:
             for rid in ids:
                 loaded.engine.cancel(rid)
-            shared.metrics.request("cancelled")
+            loaded.engine.metrics.request("cancelled")
 
 
 def _failure(e: LlogosError) -> ApiError:

@@ -47,14 +47,16 @@ class Metrics:
         while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
             self._recent.popleft()
 
-    def render(self) -> str:
+    def families(self, requests_only: bool = False) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
+        """Each metric as (name, kind, help, [(its own labels, value)])."""
         with self._lock:
             self._trim(time.monotonic())
+            families = [("requests_total", "counter", "Completion requests answered, by outcome.",
+                         [(f'outcome="{k}"', v) for k, v in self._requests.items()])]
+            if requests_only:
+                return families
             rate = sum(n for _, n in self._recent) / RATE_WINDOW_S
             hit_rate = self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
-            lines = ["# HELP llogos_requests_total Completion requests answered, by outcome.",
-                     "# TYPE llogos_requests_total counter"]
-            lines += [f'llogos_requests_total{{outcome="{k}"}} {v}' for k, v in self._requests.items()]
             for name, kind, value, what in [
                 ("prompt_tokens_total", "counter", self._prompt_tokens, "Prompt tokens of finished requests."),
                 ("prompt_tokens_cached_total", "counter", self._cached_tokens,
@@ -74,5 +76,30 @@ class Metrics:
                 ("draft_tokens_accepted_total", "counter", self._accepted,
                  "Of those, the tokens the model chose too (draft_n_accepted)."),
             ]:
-                lines += [f"# HELP llogos_{name} {what}", f"# TYPE llogos_{name} {kind}", f"llogos_{name} {value}"]
-        return "\n".join(lines) + "\n"
+                families.append((name, kind, what, [("", value)]))
+        return families
+
+    def render(self) -> str:
+        return render([("", self.families())])
+
+
+def render(sources: list[tuple[str, list]]) -> str:
+    """Metric families in Prometheus' text format, each source's samples under its label (router
+    mode's model="NAME"; "" none) beside their own."""
+    merged: dict[str, tuple[str, str, list[str]]] = {}
+    for outer, families in sources:
+        for name, kind, what, samples in families:
+            lines = merged.setdefault(name, (kind, what, []))[2]
+            for own, value in samples:
+                labels = ",".join(part for part in (outer, own) if part)
+                lines.append(f"llogos_{name}{{{labels}}} {value}" if labels else f"llogos_{name} {value}")
+    out = []
+    for name, (kind, what, lines) in merged.items():
+        out += [f"# HELP llogos_{name} {what}", f"# TYPE llogos_{name} {kind}", *lines]
+    return "\n".join(out) + "\n"
+
+
+def label(name: str, value: str) -> str:
+    """A Prometheus label, its value escaped as the text format wants."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'{name}="{escaped}"'

@@ -6,6 +6,7 @@ by native_render. The others do no generation; /slots asks the engine thread for
 steps, so that it never reads rows the thread is changing.
 """
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 from pydantic import Field, model_validator
@@ -14,6 +15,7 @@ from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.errors import LlogosError
 from llogos_cli.server import tool_prompt
 from llogos_cli.server.errors import ApiError
+from llogos_cli.server.prepare import Prepared, RequestDefaults, prepare_completion
 from llogos_cli.server.props import sampling_settings
 from llogos_cli.server.schemas import ChatMessage, CompletionRequest, _Strict
 
@@ -21,21 +23,34 @@ TokenId = Annotated[int, Field(ge=0)]
 
 
 class NativeCompletionRequest(CompletionRequest):
-    """/completion's body: a prompt may mix token ids and texts ([12, "text", 34]); the stream is its
-    own chunks, with no usage chunk and no [DONE]."""
-    prompt: str | Annotated[list[TokenId | str], Field(min_length=1)]
+    """/completion's body: a prompt may mix token ids and texts ([12, "text", 34]), and a list with no
+    ids at its top (["one", [12, "two"]]) is several prompts, a reply each; the stream is its own
+    chunks, with no usage chunk and no [DONE]."""
+    prompt: str | Annotated[list[TokenId | str | Annotated[list[TokenId | str], Field(min_length=1)]],
+                            Field(min_length=1)]
     timings_per_token: bool = False   # accepted: the last chunk always carries the timings
 
     @property
     def include_usage(self) -> bool:
         return False
 
+    @property
+    def prompts(self) -> list:
+        if isinstance(self.prompt, list) and not any(isinstance(p, int) for p in self.prompt):
+            return list(self.prompt)
+        return [self.prompt]
+
     @model_validator(mode="after")
-    def _one_prompt(self):
-        # llama-server reads a list of texts alone as several prompts, one reply each: not served here
-        if isinstance(self.prompt, list) and len(self.prompt) > 1 and all(isinstance(p, str) for p in self.prompt):
-            raise ValueError("several prompts in one request are not served: send a request per prompt")
+    def _lists_alone(self):
+        if isinstance(self.prompt, list) and any(isinstance(p, list) for p in self.prompt) and len(self.prompts) == 1:
+            raise ValueError("prompt: give token ids and texts in one list, or several prompts as a list of them, "
+                             "not both")
         return self
+
+
+class ModelRequest(_Strict):
+    """/models/load's and /models/unload's body."""
+    model: str
 
 
 class TokenizeRequest(_Strict):
@@ -55,6 +70,13 @@ class ApplyTemplateRequest(_Strict):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     chat_template_kwargs: dict[str, Any] | None = None
     model: str | None = None
+
+
+def prepare(body: NativeCompletionRequest, tokenizer, defaults: RequestDefaults, n_ctx: int) -> Prepared:
+    """Each prompt's engine requests, its n choices', one prompt after another: reply i is the
+    (i // n)-th prompt's, as llama-server numbers its results."""
+    each = [prepare_completion(body.model_copy(update={"prompt": p}), tokenizer, defaults, n_ctx) for p in body.prompts]
+    return replace(each[0], requests=tuple(r for prepared in each for r in prepared.requests))
 
 
 def tokenize(body: TokenizeRequest, tokenizer) -> dict:

@@ -52,7 +52,7 @@ class NativeRenderer(CompletionRenderer):
             return None
         self.sent += token.text
         chunk = {"index": self.index, "content": token.text, "tokens": [token.id], "stop": False, "id_slot": -1,
-                 "tokens_predicted": self._n, "tokens_evaluated": self.envelope.prompt_n}
+                 "tokens_predicted": self._n, "tokens_evaluated": self.envelope.prompt_ns[self.index]}
         if self.envelope.n_top is not None:
             chunk["completion_probabilities"] = self._probs([token.id], [token.logprobs])
         return _event(chunk)
@@ -61,7 +61,7 @@ class NativeRenderer(CompletionRenderer):
         stop_type = STOP_TYPES[result.stop]
         return {"index": self.index, "content": content, "tokens": self._ids(result.tokens) or [], "id_slot": -1,
                 "stop": True, "model": self.envelope.model, "tokens_predicted": len(result.tokens),
-                "tokens_evaluated": self.envelope.prompt_n, "tokens_cached": result.prefix_hit,
+                "tokens_evaluated": self.envelope.prompt_ns[self.index], "tokens_cached": result.prefix_hit,
                 "truncated": result.context_full, "stop_type": stop_type, "stopped_eos": stop_type == "eos",
                 "stopped_limit": stop_type == "limit", "stopped_word": stop_type == "word",
                 "stopping_word": self._stopping_word(result), "timings": result.timings_record()}

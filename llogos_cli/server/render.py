@@ -46,6 +46,7 @@ class Envelope:
     return_tokens: bool = False        # each choice, and each chunk, carries its token ids
     stops: tuple[str, ...] = ()        # the client's stop strings, for APIs that name the one that ended a reply
     prompt_n: int = 0                  # the prompt's tokens, for APIs that tell them before the reply
+    prompt_ns: tuple[int, ...] = ()    # each choice's, where a response has several prompts (/completion's)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def sse(self, chunk: BaseModel) -> bytes:
