@@ -189,10 +189,12 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         self.attention(x, cache, layout, 1.0, 0)
 
     def _warm_up_small_steps(self) -> None:
-        x = np.ones((1, 1, 4), np.float32)
+        x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)
         self.rmsnorm(x[0], x[0, 0], 1e-6)
         self.glu(x[0], x[0], False)
-        self.rope(x, np.zeros(1, np.int32), 4, 10000.0, 1.0, False)
+        self.rope(x, one, 4, 10000.0, 1.0, False)
+        self.rope_kv_store(self.kv_cache(1, 1, 1, 4, 4, "f32", "f32"), x, x, x, self.batch_layout(one, one),
+                           4, 10000.0, 1.0, False)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -322,6 +324,14 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
                       freq_scale: float, neox: bool, factors: np.ndarray | None = None,
                       attn_factor: float = 1.0) -> np.ndarray:
         """rope of q and k at the layout's positions, then kv_store of k and v; -> the turned q."""
+        if self._jit and cache.type_k == "f32" == cache.type_v:   # one compiled call for all four
+            self._rope_table(layout.pos, dims, base, freq_scale, factors, attn_factor)
+            first, at = layout.located(cache)
+            out = np.empty(q.shape, np.float32)
+            self._rope.rope_store_rows(np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k, np.float32),
+                                       np.ascontiguousarray(v, np.float32), *self._rope_cos_sin, neox, first, at,
+                                       cache.k, cache.v, out)
+            return out
         turn = (layout.pos, dims, base, freq_scale, neox, factors, attn_factor)
         q, k = self.rope(q, *turn), self.rope(k, *turn)
         self.kv_store(cache, k, v, layout)
