@@ -3,7 +3,7 @@ tokens, with and without n-gram drafts, llogos and llama-server in the same run.
 
     PYTHONPATH=. python bench/bench_spec.py [--llama-server PATH] [--model smollm2-135m]
         [--prompts bench/prompts/copy_passage.txt,bench/prompts/story.txt] [-n 192] [--rounds 2]
-        [--spec-type ngram-simple,ngram-map-k,...]
+        [--spec-type ngram-simple,ngram-map-k,...] [--lookup]
 
 Each prompt file is one user message, put through the model's chat template; the same ids go to
 llama-server's /completion. Decode speed is each engine's own figure for the generated tokens
@@ -104,6 +104,36 @@ def llama_server_runs(exe: str, gguf: Path, prompts: dict[str, list[int]], n: in
         proc.wait()
 
 
+def lookup_cost(kinds: list[str], contexts=(600, 4000), steps: int = 400) -> None:
+    """CPU-us of a step's draft for a row that never matches (random ids), after a context of C
+    tokens, each kind; and the first draft's, which indexes the context."""
+    import numpy as np
+    from llogos_cli.engine.batch import _speculator
+    from llogos_cli.engine.speculation import Drafting, SpecParams
+    from llogos_cli.engine.stops import StopCriteria
+
+    class Completion:
+        criteria, room, generated = StopCriteria(), 1 << 30, []
+
+    class Row:
+        def __init__(self, tokens):
+            self.tokens, self.drafting, self.completion = tokens, Drafting(), Completion()
+    print("| C | kind | CPU-us a step | first draft, CPU-ms |")
+    print("|---|---|---|---|")
+    for c in contexts:
+        ids = np.random.default_rng(0).integers(0, 49152, c + steps).tolist()
+        for kind in kinds:
+            speculator, row = _speculator(SpecParams(kind), None, False, 1, 1 << 20), Row(ids[:c])
+            t0 = time.process_time()
+            speculator.draft(row)
+            first = time.process_time() - t0
+            t0 = time.process_time()
+            for token in ids[c:]:
+                row.tokens.append(token)
+                speculator.draft(row)
+            print(f"| {c} | {kind} | {(time.process_time() - t0) / steps * 1e6:.1f} | {first * 1e3:.1f} |", flush=True)
+
+
 def _agreement(tokens: list[int], reference: list[int]) -> str:
     """"same", or how many leading ids agree before the first that differs."""
     if not tokens:
@@ -121,7 +151,10 @@ def main():
     ap.add_argument("-n", type=int, default=192, help="tokens generated")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--spec-type", default="ngram-simple", help="kinds to run beside none, comma-separated")
+    ap.add_argument("--lookup", action="store_true", help="only the lookup's CPU cost a step, each kind, no model")
     args = ap.parse_args()
+    if args.lookup:
+        return lookup_cost(args.spec_type.split(","))
     from llogos_cli.model.registry import resolve_model
     gguf = resolve_model(args.model)[0]
     prompts = prompt_ids(args.model, args.prompts.split(","))
