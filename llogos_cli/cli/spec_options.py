@@ -10,12 +10,24 @@ _DEFAULTS = SpecParams()
 _SPECULATION = [
     click.option("--spec-type", type=click.Choice(SPEC_TYPES), default=_DEFAULTS.spec_type, show_default=True,
                  help="Speculative decoding: ngram-simple drafts the tokens that followed the last n tokens' "
-                      "earlier occurrence (prompt or output), ngram-mod chains through a table of every request's "
-                      "n-grams; the model checks a draft in one pass and the output is unchanged."),
+                      "earlier occurrence (prompt or output); ngram-map-k as much of it as the last draft of those "
+                      "tokens kept, ngram-map-k4v only when one continuation of them dominates; ngram-mod chains "
+                      "through a table of every request's n-grams; ngram-cache drafts the likeliest next token "
+                      "after the last 1-4 tokens, token by token. The model checks a draft in one pass and the "
+                      "output is unchanged."),
     click.option("--spec-ngram-simple-size-n", type=click.IntRange(min=1), default=_DEFAULTS.spec_ngram_simple_size_n,
                  show_default=True, help="ngram-simple: how many of the last tokens are looked up."),
     click.option("--spec-ngram-simple-size-m", type=click.IntRange(min=1), default=_DEFAULTS.spec_ngram_simple_size_m,
                  show_default=True, help="ngram-simple: how many tokens after the match are drafted, at most (a step's draft)."),
+    *[click.option(f"--spec-ngram-map-{kind}-size-{x}", type=click.IntRange(1, 1024),
+                   default=getattr(_DEFAULTS, f"spec_ngram_map_{kind}_size_{x}"), show_default=True,
+                   help=f"ngram-map-{kind}: " + ("how many of the last tokens are looked up." if x == "n" else
+                                                 "how many tokens after the match are drafted, at most."))
+      for kind in ("k", "k4v") for x in "nm"],
+    *[click.option(f"--spec-ngram-map-{kind}-min-hits", type=click.IntRange(min=1),
+                   default=getattr(_DEFAULTS, f"spec_ngram_map_{kind}_min_hits"), show_default=True,
+                   help=f"ngram-map-{kind}: how many times the last tokens are found before they draft.")
+      for kind in ("k", "k4v")],
     click.option("--spec-ngram-mod-n-match", type=click.IntRange(1, 1024), default=_DEFAULTS.spec_ngram_mod_n_match,
                  show_default=True, help="ngram-mod: how many of the last tokens are hashed to find the next."),
     click.option("--spec-ngram-mod-n-min", type=click.IntRange(0, 1024), default=_DEFAULTS.spec_ngram_mod_n_min,

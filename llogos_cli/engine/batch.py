@@ -30,6 +30,8 @@ from llogos_cli.engine.speculation import Drafting, SpecParams, Speculator, veri
 from llogos_cli.engine.completion import Completion, Timings, Token
 from llogos_cli.engine.context_shift import ContextShift
 from llogos_cli.engine.draft_model import DraftModel
+from llogos_cli.engine.ngram_cache import NgramCache
+from llogos_cli.engine.ngram_map import NgramMap
 from llogos_cli.engine.ngram_mod import NgramMod
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.console import warn
@@ -269,6 +271,8 @@ class BatchEngine:
                 row.completion.fill_context()
                 self.scheduler.finish(row)
                 updates.append(Update(row.request.id, None, row.result(time.perf_counter())))
+            elif self.speculator is not None:
+                self.speculator.forget(row)
         return updates
 
     def _drafts(self) -> dict:
@@ -349,7 +353,8 @@ def _speculator(params: SpecParams, draft_model: Model | None, recurrent: bool, 
         return None
     if draft_model is not None:
         return DraftModel(params, draft_model, n_slots, n_ctx)
-    return NgramMod(params) if params.spec_type == "ngram-mod" else Speculator(params)
+    kinds = {"ngram-mod": NgramMod, "ngram-map-k": NgramMap, "ngram-map-k4v": NgramMap, "ngram-cache": NgramCache}
+    return kinds.get(params.spec_type, Speculator)(params)
 
 
 def _kv_pool_blocks(model: Model, cache_types: tuple[str | None, str | None], n_slots: int, n_ctx: int,

@@ -20,13 +20,20 @@ seeded row writes the same text with it as without.
 
 Recurrent layers (DeltaNet, short convolutions) fold each token into a state that cannot step
 back to the accepted prefix: models with them run without speculation.
+
+A step that drafts nothing costs what a step without speculation costs plus a lookup: the n-gram
+kinds keep each row's n-grams in an index that grows with the row (engine/ngram_index.py), so a
+lookup does not rescan the context, and a row backing off looks nothing up.
 """
 
 from dataclasses import dataclass
 
+from llogos_cli.engine.ngram_index import NgramIndex
 from llogos_cli.errors import LlogosError
 
-SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")   # llama.cpp's names (--spec-type)
+# llama.cpp's names (--spec-type) for its draft-free kinds; a draft model (-md) is its draft-simple
+SPEC_TYPES = ("none", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+NGRAM_CACHE_DRAFT = 8   # ngram-cache's tokens drafted a step, at most: fixed in llama.cpp too
 # After a draft of which nothing was kept, a row skips this many steps before drafting again, twice
 # as many after each further such draft, up to BACKOFF_MAX: drafts that do not pay cost a
 # verification pass of several tokens each.
@@ -40,6 +47,12 @@ class SpecParams:
     spec_type: str = "none"
     spec_ngram_simple_size_n: int = 12   # tokens looked up
     spec_ngram_simple_size_m: int = 48   # tokens copied after the match, at most
+    spec_ngram_map_k_size_n: int = 12    # ngram-map-k (engine/ngram_map.py): tokens looked up
+    spec_ngram_map_k_size_m: int = 48    # ngram-map-k: tokens drafted after the match, at most
+    spec_ngram_map_k_min_hits: int = 1   # ngram-map-k: lookups that found the key before it drafts
+    spec_ngram_map_k4v_size_n: int = 12  # ngram-map-k4v: the same for the kind that counts what followed
+    spec_ngram_map_k4v_size_m: int = 48
+    spec_ngram_map_k4v_min_hits: int = 1
     spec_ngram_mod_n_match: int = 24     # ngram-mod (engine/ngram_mod.py): tokens hashed to find the next
     spec_ngram_mod_n_min: int = 48       # ngram-mod: a shorter draft is none
     spec_ngram_mod_n_max: int = 64       # ngram-mod: tokens drafted a step, at most
@@ -53,6 +66,10 @@ class SpecParams:
             (self.spec_type in SPEC_TYPES, f"--spec-type must be one of {', '.join(SPEC_TYPES)}"),
             (self.spec_ngram_simple_size_n >= 1, "--spec-ngram-simple-size-n must be at least 1"),
             (self.spec_ngram_simple_size_m >= 1, "--spec-ngram-simple-size-m must be at least 1"),
+            *[(1 <= getattr(self, f"spec_ngram_map_{k}_size_{x}") <= 1024,
+               f"--spec-ngram-map-{k}-size-{x} must be between 1 and 1024") for k in ("k", "k4v") for x in "nm"],
+            *[(getattr(self, f"spec_ngram_map_{k}_min_hits") >= 1, f"--spec-ngram-map-{k}-min-hits must be at least 1")
+              for k in ("k", "k4v")],
             (1 <= self.spec_ngram_mod_n_match <= 1024, "--spec-ngram-mod-n-match must be between 1 and 1024"),
             (0 <= self.spec_ngram_mod_n_min <= self.spec_ngram_mod_n_max <= 1024,
              "--spec-ngram-mod-n-min and --spec-ngram-mod-n-max must be 0 <= n-min <= n-max <= 1024"),
@@ -76,8 +93,9 @@ class SpecParams:
         draft model's)."""
         if self.spec_draft_model is not None:
             return self.draft_max
-        return {"ngram-simple": self.spec_ngram_simple_size_m, "ngram-mod": self.spec_ngram_mod_n_max}.get(
-            self.spec_type, 0)
+        return {"ngram-simple": self.spec_ngram_simple_size_m, "ngram-map-k": self.spec_ngram_map_k_size_m,
+                "ngram-map-k4v": self.spec_ngram_map_k4v_size_m, "ngram-mod": self.spec_ngram_mod_n_max,
+                "ngram-cache": NGRAM_CACHE_DRAFT}.get(self.spec_type, 0)
 
 
 @dataclass(slots=True)
@@ -89,6 +107,7 @@ class Drafting:
     backoff: int = 0     # the wait after the next draft of which nothing is kept
     indexed: int = 0     # ngram-mod: where the row's windows not yet in the shared table start (0: none are)
     low: int = 0         # ngram-mod: drafts in a row that kept under a quarter of their tokens
+    index: object = None  # the other n-gram kinds: the kind's record of the row's tokens, made at its first draft
 
     def kept(self, n_drafted: int, n_accepted: int) -> None:
         """Count what a step kept of a draft, and back off after a draft wholly rejected."""
@@ -98,27 +117,22 @@ class Drafting:
         self.wait = self.backoff
 
 
-def ngram_simple(tokens: list[int], n: int, m: int) -> list[int]:
+def ngram_simple(tokens: list[int], n: int, m: int, index: NgramIndex | None = None) -> list[int]:
     """llama.cpp's ngram-simple draft for a sequence whose last token was just chosen: the last n
     tokens looked for earlier in the sequence, the most recent occurrence first (the sequence's
     first token never starts one, and the occurrence must end two tokens before the current one);
     the draft is up to m of the tokens that followed it, none when fewer than n did or the sequence
-    is not longer than n + m + 1 before its last token."""
+    is not longer than n + m + 1 before its last token. index: the row's n-grams of n tokens so
+    far, extended here (a fresh one when None)."""
     history = len(tokens) - 1   # llama.cpp's cur_len: the tokens before the one just chosen
     if history <= n + m + 1:
         return []
-    pattern, last = tokens[-n:], tokens[-1]
-    ends, at = [], n   # where a match's last token may sit: n .. history - 2 (starts 1 .. history - n - 1)
-    while True:   # list.index scans in C: a lookup costs microseconds, not a Python loop over the context
-        try:
-            at = tokens.index(last, at, history - 1)
-        except ValueError:
-            break
-        ends.append(at)
-        at += 1
-    start = next((end - n + 1 for end in reversed(ends) if tokens[end - n + 1:end + 1] == pattern), None)
-    if start is None:
+    index = NgramIndex(n) if index is None else index
+    index.extend(tokens, history - n)   # matches start at 1 .. history - n - 1
+    starts = index.find(tuple(tokens[-n:]))
+    if not starts:
         return []
+    start = starts[-1]
     copy = min(m, history - (start + n))
     return tokens[start + n:start + n + copy] if copy >= n else []
 
@@ -145,10 +159,17 @@ class Speculator:
         """What the row's step kept of its draft."""
         row.drafting.kept(n_drafted, n_accepted)
 
+    def forget(self, row) -> None:
+        """The row's tokens changed other than by growing (a context shift): what was recorded of
+        them is made again at its next draft."""
+        row.drafting.index, row.drafting.indexed = None, 0
+
     def propose(self, row, n: int) -> list[int]:
         """Up to n tokens that may follow the row's tokens."""
-        p = self.params
-        return ngram_simple(row.tokens, p.spec_ngram_simple_size_n, p.spec_ngram_simple_size_m)[:n]
+        p, state = self.params, row.drafting
+        if state.index is None:
+            state.index = NgramIndex(p.spec_ngram_simple_size_n)
+        return ngram_simple(row.tokens, p.spec_ngram_simple_size_n, p.spec_ngram_simple_size_m, state.index)[:n]
 
 
 def verified(draft: tuple[int, ...], choose):
