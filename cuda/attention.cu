@@ -14,7 +14,13 @@
 // the query (held in shared memory), the warp updates its running max and sum, and then the lanes,
 // each owning runs of 4 output features, accumulate the 32 weighted value rows. The warps' partial
 // results are merged at the end.
+//
+// With quantize (dv a multiple of 32), the output is also written as the 8-bit activations of the
+// integer products (q8_run.cuh, as quantize_q8.cu over out seen as (T, n_head * dv)): the output
+// projection's input, made where it is written, one launch fewer. Each run of 32 features lies
+// within one head, so within one block: the warp that writes it quantizes it.
 #include "kv_cache.cuh"
+#include "q8_run.cuh"
 
 #define ATTENTION_WARPS 4
 #define MAX_HEAD_DIM 256
@@ -24,7 +30,8 @@ static_assert(MAX_HEAD_DIM % (4 * WARP_SIZE) == 0, "each lane owns whole runs of
 template <class K, class V>
 __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, float* out, const int* slots,
                           const int* pos, int n_head, int dk, int dv, float scale, int window,
-                          float softcap, const float* sinks, int has_sinks, kv_where where) {
+                          float softcap, const float* sinks, int has_sinks, i8* xq, float2* xs, int quantize,
+                          kv_where where) {
     __shared__ float q_s[MAX_HEAD_DIM];
     __shared__ float m_s[ATTENTION_WARPS], l_s[ATTENTION_WARPS];
     __shared__ float acc_s[ATTENTION_WARPS][MAX_HEAD_DIM];
@@ -91,11 +98,13 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
         weight[w] = l_s[w] > 0.0f ? expf(m_s[w] - m_all) : 0.0f;
         l_all += l_s[w] * weight[w];
     }
-    float* o = out + ((i64)t * n_head + h) * dv;
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+    const i64 first = ((i64)t * n_head + h) * dv;
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {  // whole warps when quantizing: dv % 32 == 0
         float sum = 0.0f;
         for (int w = 0; w < ATTENTION_WARPS; w++) sum += acc_s[w][i] * weight[w];
-        o[i] = sum / l_all;
+        const float o = sum / l_all;
+        out[first + i] = o;
+        if (quantize) quantize_run(o, (first + i) / WARP_SIZE, xq, xs);
     }
 }
 
@@ -104,9 +113,10 @@ __device__ void attention(const float* q, const u8* k_cache, const u8* v_cache, 
         const float* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,          \
         float* __restrict__ out, const int* __restrict__ slots, const int* __restrict__ pos, int n_head,      \
         int n_kv, int dk, int dv, float scale, int window, float softcap, const float* __restrict__ sinks,     \
-        int has_sinks, const int* __restrict__ tables, int paged, int max_blocks, int block_size) {           \
+        int has_sinks, i8* __restrict__ xq, float2* __restrict__ xs, int quantize,                             \
+        const int* __restrict__ tables, int paged, int max_blocks, int block_size) {                          \
         attention<kv_##tk, kv_##tv>(q, k_cache, v_cache, out, slots, pos, n_head, dk, dv, scale, window,      \
-                                    softcap, sinks, has_sinks,                                                \
+                                    softcap, sinks, has_sinks, xq, xs, quantize,                              \
                                     kv_where{tables, paged, max_blocks, block_size, n_kv});                   \
     }
 

@@ -6,13 +6,17 @@
 // at the cost of registers and so of warps in flight; the launcher chooses by type and size.
 // matvec_batch_<type> takes up to MATVEC_MAX_TOKENS, one row per warp, and dots each decoded part
 // with every activation row before moving on, so that the weights are read once.
+//
+// The matvec_add_* forms return r + x · Wᵀ (r shaped as y): a residual added in the product's
+// epilogue, one op as the add after the projection then needs no launch of its own. r + sum is the
+// add kernel's own float addition, so the result is bit for bit the product's and add.cu's.
 #include "common.cuh"
 #include "quant_blocks.cuh"
 
 #define MATVEC_MAX_TOKENS 8
 
 template <class Q, int R>
-__device__ void matvec_rows(const u8* w, const float* x, float* y, int ncols, int nrows) {
+__device__ void matvec_rows(const u8* w, const float* x, const float* add, float* y, int ncols, int nrows) {
     const int row0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) * R;
     if (row0 >= nrows) return;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -40,12 +44,12 @@ __device__ void matvec_rows(const u8* w, const float* x, float* y, int ncols, in
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float sum = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < nrows) y[row0 + r] = sum;
+        if (lane == 0 && row0 + r < nrows) y[row0 + r] = add ? add[row0 + r] + sum : sum;
     }
 }
 
 template <class Q, int NT>
-__device__ void matvec(const u8* w, const float* x, float* y, int ncols, int nrows, int ntok) {
+__device__ void matvec(const u8* w, const float* x, const float* add, float* y, int ncols, int nrows, int ntok) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= nrows) return;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -72,23 +76,33 @@ __device__ void matvec(const u8* w, const float* x, float* y, int ncols, int nro
     for (int t = 0; t < NT; t++) {
         if (t >= ntok) break;
         const float sum = warp_sum(acc[t]);
-        if (lane == 0) y[(i64)t * nrows + row] = sum;
+        if (lane == 0) y[(i64)t * nrows + row] = add ? add[(i64)t * nrows + row] + sum : sum;
     }
 }
 
-#define MATVEC(type)                                                                                     \
-    extern "C" __global__ void matvec_##type(const u8* __restrict__ w, const float* __restrict__ x,        \
-                                             float* __restrict__ y, int ncols, int nrows) {               \
-        matvec_rows<type, 1>(w, x, y, ncols, nrows);                                                     \
-    }                                                                                                    \
-    extern "C" __global__ void matvec_rows2_##type(const u8* __restrict__ w, const float* __restrict__ x,  \
-                                                   float* __restrict__ y, int ncols, int nrows) {         \
-        matvec_rows<type, 2>(w, x, y, ncols, nrows);                                                     \
-    }                                                                                                    \
-    extern "C" __global__ void matvec_batch_##type(const u8* __restrict__ w, const float* __restrict__ x,  \
-                                                   float* __restrict__ y, int ncols, int nrows, int ntok) { \
-        matvec<type, MATVEC_MAX_TOKENS>(w, x, y, ncols, nrows, ntok);                                    \
+#define MATVEC_FORMS(form, type, add_param, add)                                                          \
+    extern "C" __global__ void matvec##form##_##type(const u8* __restrict__ w,                            \
+                                                     const float* __restrict__ x add_param,               \
+                                                     float* __restrict__ y, int ncols, int nrows) {       \
+        matvec_rows<type, 1>(w, x, add, y, ncols, nrows);                                                 \
+    }                                                                                                     \
+    extern "C" __global__ void matvec##form##_rows2_##type(const u8* __restrict__ w,                      \
+                                                           const float* __restrict__ x add_param,         \
+                                                           float* __restrict__ y, int ncols, int nrows) { \
+        matvec_rows<type, 2>(w, x, add, y, ncols, nrows);                                                 \
+    }                                                                                                     \
+    extern "C" __global__ void matvec##form##_batch_##type(const u8* __restrict__ w,                      \
+                                                           const float* __restrict__ x add_param,         \
+                                                           float* __restrict__ y, int ncols, int nrows,   \
+                                                           int ntok) {                                    \
+        matvec<type, MATVEC_MAX_TOKENS>(w, x, add, y, ncols, nrows, ntok);                                \
     }
+
+// Each form without and with the residual r (matvec_add_*), whose parameter follows x.
+#define MATVEC_R , const float* __restrict__ r
+#define MATVEC(type)                \
+    MATVEC_FORMS(, type, , nullptr) \
+    MATVEC_FORMS(_add, type, MATVEC_R, r)
 
 MATVEC(f32)
 MATVEC(f16)

@@ -4,14 +4,16 @@
 // matvec_q8_rows2_<type> two, which share the activations' loads. Up to MATVEC_MAX_TOKENS:
 // matvec_q8_batch_<type>, one row a warp, each part dotted with every token's activations. Each
 // token's sum runs in the same order in all three, so a token's product does not depend on the
-// tokens beside it.
+// tokens beside it. The matvec_q8_add_* forms add a residual r in the epilogue, as matvec.cu's
+// matvec_add_* do.
 #include "common.cuh"
 #include "dot_q8.cuh"
 
 #define MATVEC_MAX_TOKENS 8
 
 template <class Q, int R>
-__device__ void matvec_q8_rows(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows) {
+__device__ void matvec_q8_rows(const u8* w, const i8* xq, const float2* xs, const float* add, float* y, int ncols,
+                               int nrows) {
     const int row0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) * R;
     if (row0 >= nrows) return;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -30,12 +32,13 @@ __device__ void matvec_q8_rows(const u8* w, const i8* xq, const float2* xs, floa
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float sum = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < nrows) y[row0 + r] = sum;
+        if (lane == 0 && row0 + r < nrows) y[row0 + r] = add ? add[row0 + r] + sum : sum;
     }
 }
 
 template <class Q, int NT>
-__device__ void matvec_q8_tokens(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows, int ntok) {
+__device__ void matvec_q8_tokens(const u8* w, const i8* xq, const float2* xs, const float* add, float* y, int ncols,
+                                 int nrows, int ntok) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= nrows) return;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -55,26 +58,33 @@ __device__ void matvec_q8_tokens(const u8* w, const i8* xq, const float2* xs, fl
     for (int t = 0; t < NT; t++) {
         if (t >= ntok) break;
         const float sum = warp_sum(acc[t]);
-        if (lane == 0) y[(i64)t * nrows + row] = sum;
+        if (lane == 0) y[(i64)t * nrows + row] = add ? add[(i64)t * nrows + row] + sum : sum;
     }
 }
 
-#define MATVEC_Q8(type)                                                                                       \
-    extern "C" __global__ void matvec_q8_##type(const u8* __restrict__ w, const i8* __restrict__ xq,           \
-                                                const float2* __restrict__ xs, float* __restrict__ y, int ncols, \
-                                                int nrows) {                                                  \
-        matvec_q8_rows<type##_q8, 1>(w, xq, xs, y, ncols, nrows);                                             \
-    }                                                                                                         \
-    extern "C" __global__ void matvec_q8_rows2_##type(const u8* __restrict__ w, const i8* __restrict__ xq,     \
-                                                      const float2* __restrict__ xs, float* __restrict__ y,     \
-                                                      int ncols, int nrows) {                                 \
-        matvec_q8_rows<type##_q8, 2>(w, xq, xs, y, ncols, nrows);                                             \
-    }                                                                                                         \
-    extern "C" __global__ void matvec_q8_batch_##type(const u8* __restrict__ w, const i8* __restrict__ xq,     \
-                                                      const float2* __restrict__ xs, float* __restrict__ y,     \
-                                                      int ncols, int nrows, int ntok) {                       \
-        matvec_q8_tokens<type##_q8, MATVEC_MAX_TOKENS>(w, xq, xs, y, ncols, nrows, ntok);                     \
+#define MATVEC_Q8_FORMS(form, type, add_param, add)                                                          \
+    extern "C" __global__ void matvec_q8##form##_##type(const u8* __restrict__ w, const i8* __restrict__ xq,     \
+                                                        const float2* __restrict__ xs add_param,                 \
+                                                        float* __restrict__ y, int ncols, int nrows) {           \
+        matvec_q8_rows<type##_q8, 1>(w, xq, xs, add, y, ncols, nrows);                                            \
+    }                                                                                                             \
+    extern "C" __global__ void matvec_q8##form##_rows2_##type(const u8* __restrict__ w, const i8* __restrict__ xq, \
+                                                              const float2* __restrict__ xs add_param,           \
+                                                              float* __restrict__ y, int ncols, int nrows) {     \
+        matvec_q8_rows<type##_q8, 2>(w, xq, xs, add, y, ncols, nrows);                                            \
+    }                                                                                                             \
+    extern "C" __global__ void matvec_q8##form##_batch_##type(const u8* __restrict__ w, const i8* __restrict__ xq, \
+                                                              const float2* __restrict__ xs add_param,           \
+                                                              float* __restrict__ y, int ncols, int nrows,       \
+                                                              int ntok) {                                         \
+        matvec_q8_tokens<type##_q8, MATVEC_MAX_TOKENS>(w, xq, xs, add, y, ncols, nrows, ntok);                    \
     }
+
+// Each form without and with the residual r (matvec_q8_add_*), whose parameter follows xs.
+#define MATVEC_Q8_R , const float* __restrict__ r
+#define MATVEC_Q8(type)                \
+    MATVEC_Q8_FORMS(, type, , nullptr) \
+    MATVEC_Q8_FORMS(_add, type, MATVEC_Q8_R, r)
 
 MATVEC_Q8(q8_0)
 MATVEC_Q8(q4_0)

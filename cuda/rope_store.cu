@@ -4,7 +4,7 @@
 // paged cache). It is one op, the attention input's preparation: rope.cu turning q and k and two
 // kv_store.cu launches did the same in four, and the turned keys exist only to be stored.
 //
-// One thread per unit: a query feature, a run of C::QK key features (rope.cuh's turn computed per
+// Every pair of cache types (kv_cache.cuh). One thread per unit: a query feature, a run of C::QK key features (rope.cuh's turn computed per
 // feature), or a run of value features; queries first, then keys, then values.
 #include "kv_cache.cuh"
 #include "rope.cuh"
@@ -55,11 +55,16 @@ __device__ void rope_store(const float* q, const float* k, const float* v, float
 #define ROPE_STORE_V(rot, neox, tk) \
     ROPE_STORE(rot, neox, tk, f32)  \
     ROPE_STORE(rot, neox, tk, f16)  \
-    ROPE_STORE(rot, neox, tk, q8_0)
+    ROPE_STORE(rot, neox, tk, q8_0) \
+    ROPE_STORE(rot, neox, tk, q4_0) \
+    ROPE_STORE(rot, neox, tk, iq4_nl)
 
-ROPE_STORE_V(norm, false, f32)
-ROPE_STORE_V(norm, false, f16)
-ROPE_STORE_V(norm, false, q8_0)
-ROPE_STORE_V(neox, true, f32)
-ROPE_STORE_V(neox, true, f16)
-ROPE_STORE_V(neox, true, q8_0)
+#define ROPE_STORE_KV(rot, neox)      \
+    ROPE_STORE_V(rot, neox, f32)      \
+    ROPE_STORE_V(rot, neox, f16)      \
+    ROPE_STORE_V(rot, neox, q8_0)     \
+    ROPE_STORE_V(rot, neox, q4_0)     \
+    ROPE_STORE_V(rot, neox, iq4_nl)
+
+ROPE_STORE_KV(norm, false)
+ROPE_STORE_KV(neox, true)

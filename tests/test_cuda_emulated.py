@@ -130,18 +130,6 @@ def test_rotated_layers_turn_and_store_in_one_launch(backend):
     assert not {"rope_norm_f32", "kv_store_f16"} & set(backend.kernels.launched)
 
 
-def test_cache_types_without_a_rope_store_kernel_rotate_and_store_apart(backend, monkeypatch):
-    from llogos_cli.backends.cuda import cuda_rope_store
-    monkeypatch.setattr(cuda_rope_store, "STORE_TYPES", ())
-    cpu, gpu = model_pair("tiny-llama-q8_0", backend)
-    ids = np.arange(5, dtype=np.int32) * 3
-    backend.kernels.launched.clear()
-    got = backend.to_host(gpu.forward_seq(gpu.new_context(16, "f16", "f16"), ids, all_logits=True))
-    assert {"rope_norm_f32", "kv_store_f16"} <= set(backend.kernels.launched)
-    assert not any(name.startswith("rope_store") for name in backend.kernels.launched)
-    assert relative(got, cpu.forward_seq(cpu.new_context(16, "f16", "f16"), ids, all_logits=True)) < 5e-4
-
-
 def test_batch_layout_splits_runs_and_groups_equal_ones(backend):
     # Padding rows repeat the scratch slot (5) at position 0: each is a run of its own.
     slots = np.array([3, 3, 3, 0, 1, 1, 1, 2, 5, 5], np.int32)
@@ -186,3 +174,23 @@ def test_bench_models_load_and_run(backend, tmp_path, mix, hybrid, types):
     got = backend.to_host(gpu.forward_seq(gpu.new_context(16, "f32", "f32"), ids, all_logits=True))
     assert np.all(np.isfinite(want)) and np.abs(want).max() > 1e-3
     assert relative(got, want) < 2e-5
+
+
+def test_q_and_k_load_together_where_only_v_s_type_differs(backend, tmp_path):
+    """Q4_K_M's layers with a Q6_K v: q and k are one matrix on the device (one launch for both
+    in a decode step), v its own; the layers whose three share a type keep one for all three."""
+    bench = load_bench()
+    spec = bench.Spec("tiny", 300, 256, 3, 4, 2, 512, 10000.0, tied=False, mix="q4_k_m")
+    f = GGUFFile(bench.write_model(spec, tmp_path / "tiny.gguf"))
+    gpu = Model(f, backend)
+    mixed = 0
+    for il in range(gpu.cfg.n_layer):
+        names = [f"blk.{il}.attn_{x}.weight" for x in "qkv"]
+        types = [f.tensors[name].ggml_type for name in names]
+        ids = tuple(id(gpu.w[name]) for name in names)
+        if types[0] == types[1] != types[2]:
+            mixed += 1
+            assert ids[:2] in backend._joined and ids not in backend._joined
+        else:
+            assert ids in backend._joined
+    assert mixed

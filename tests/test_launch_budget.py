@@ -13,11 +13,12 @@ from llogos_cli.model.forward import Model
 from tests.conftest import need
 
 # Launches in all the layers of each fixture's decode step (batch 1, default products); before RoPE
-# went into the KV store (rope_store.cu) llama's were 42, gemma3's 54, qwen35's 93.
-LAYER_LAUNCHES = {"tiny-llama-q8_0": 33, "tiny-qwen2-q8_0": 28, "tiny-qwen3-f32": 39, "tiny-gemma3-q8_0": 45,
-                  "tiny-qwen35-f32": 90, "tiny-gemma2-q8_0": 39, "tiny-phi3-q8_0": 22, "tiny-granite-q8_0": 26,
-                  "tiny-olmo2-q8_0": 26, "tiny-smollm3-q8_0": 45, "tiny-lfm2-q8_0": 49, "tiny-qwen3moe-q8_0": 34,
-                  "tiny-gpt-oss-q8_0": 69, "tiny-qwen2moe-q8_0": 52}
+# went into the KV store (rope_store.cu) llama's were 42, gemma3's 54, qwen35's 93; before the
+# residual adds went into the products' epilogues (matvec_add) llama's were 33, qwen35's 90.
+LAYER_LAUNCHES = {"tiny-llama-q8_0": 27, "tiny-qwen2-q8_0": 24, "tiny-qwen3-f32": 33, "tiny-gemma3-q8_0": 45,
+                  "tiny-qwen35-f32": 85, "tiny-gemma2-q8_0": 39, "tiny-phi3-q8_0": 18, "tiny-granite-q8_0": 26,
+                  "tiny-olmo2-q8_0": 26, "tiny-smollm3-q8_0": 37, "tiny-lfm2-q8_0": 44, "tiny-qwen3moe-q8_0": 32,
+                  "tiny-gpt-oss-q8_0": 69, "tiny-qwen2moe-q8_0": 50}
 
 
 def load_budget():
@@ -52,3 +53,17 @@ def test_a_step_reads_every_layer_weight_once(bench):
     cfg = Model(f, NumpyBackend()).cfg
     f16_rows = 2 * (cfg.head_dim_k + cfg.head_dim_v)
     assert budget.layer_cache == cfg.n_layer * cfg.n_head_kv * (5 + 1 + 1) * f16_rows
+
+
+def test_a_q4_k_m_llama_step_with_8_bit_activations(bench, tmp_path, monkeypatch):
+    """bench/synthetic.py's llama-1b in small (Q4_K_M: a Q6_K v in its last layer of 3), with the
+    8-bit products the real shape takes: the attention writes the o-projection's 8-bit input and
+    the residual adds are the products' epilogues (no quantize_q8, no add launched), q and k are
+    one product where v's type differs. 9 launches a layer, 10 in the layer whose v differs."""
+    from llogos_cli.backends.cuda import cuda_matmul
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
+    synthetic = bench._synthetic()
+    spec = synthetic.Spec("tiny", 300, 256, 3, 4, 2, 512, 10000.0, tied=False, mix="q4_k_m")
+    budget = bench.budget(synthetic.write_model(spec, tmp_path / "tiny.gguf"), "tiny")
+    assert not {"quantize_q8", "add_f32"} & set(budget.kernels), budget.kernels
+    assert 0 < budget.layer_launches <= 9 + 9 + 10, budget.kernels

@@ -61,13 +61,18 @@ class Model:
 
     def _load_groups(self, f: GGUFFile) -> list[tuple[str, ...]]:
         """The tensors to load, one at a time but for each layer's q, k and v and its gate and up,
-        which are loaded together where they are of one type."""
+        which are loaded together where they are of one type; where only v's type differs (as
+        llama.cpp's Q4_K_M makes it Q6_K), q and k together."""
         grouped = []
         for il in range(self.cfg.n_layer):
             for names in (QKV, GATE_UP):
                 group = tuple(f"blk.{il}.{name}.weight" for name in names)
-                if all(name in f.tensors for name in group) and len({f.tensors[name].ggml_type for name in group}) == 1:
-                    grouped.append(group)
+                if not all(name in f.tensors for name in group):
+                    continue
+                types = [f.tensors[name].ggml_type for name in group]
+                same = next((i for i, t in enumerate(types) if t != types[0]), len(types))   # the leading run of one type
+                if same > 1:
+                    grouped.append(group[:same])
         in_groups = {name for group in grouped for name in group}
         return grouped + [(name,) for name in f.tensors if name not in in_groups]
 
@@ -133,12 +138,13 @@ class Model:
         for il in range(c.n_layer):
             p = f"blk.{il}."
             h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
-            h = (self._recurrent.block(b, c, w, p, h, cache.state[il], layout) if c.recurrent[il]
-                 else self._attention(il, p, h, cache.kv[il], layout, factors))  # (T, n_embd)
-            x = self._residual(p + "post_attention_norm.weight", x, h)  # (T, n_embd)
+            if c.recurrent[il]:
+                h = self._recurrent.block(b, c, w, p, h, cache.state[il], layout)  # (T, n_embd)
+                x = self._residual(p + "post_attention_norm.weight", x, h)  # (T, n_embd)
+            else:
+                x = self._attention(il, p, h, cache.kv[il], layout, factors, x)  # (T, n_embd): x + attention
             h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
-            h = self._ffn(p, h)                                         # (T, n_embd)
-            x = self._residual(p + "post_ffw_norm.weight", x, h)        # (T, n_embd)
+            x = self._ffn(p, h, x)                                      # (T, n_embd): x + the FFN
         return x
 
     def _encode(self, batch: Batch, cache: Cache, layout):
@@ -171,6 +177,15 @@ class Model:
         if c.residual_scale != 1.0:
             h = b.scale(h, c.residual_scale)
         return b.add(x, h)
+
+    def _residual_product(self, name: str, h, x, post_norm: str):
+        """x + the projection `name` of h, as _residual adds it. With nothing between the product
+        and the add (no post-norm, residual scale or bias), one op: the backend adds x in the
+        product's epilogue (matmul_add), where it would otherwise launch an add of its own."""
+        c = self.cfg
+        if c.post_norms or c.residual_scale != 1.0 or name + ".bias" in self.w:
+            return self._residual(post_norm, x, self._linear(name, h))
+        return self.backend.matmul_add(h, self.w[name + ".weight"], x)
 
     def forward_rows(self, cache: Cache, tokens, slots, pos):
         """Decode rows, one token each (the engine's decode step): -> logits (R, n_vocab)."""
@@ -214,7 +229,8 @@ class Model:
             return w["rope_freqs.weight"]
         return w.get("rope_factors_long.weight" if n_ctx > self.cfg.n_ctx_orig else "rope_factors_short.weight")
 
-    def _attention(self, il: int, p: str, x, kv, layout, factors):
+    def _attention(self, il: int, p: str, x, kv, layout, factors, residual=None):
+        """Layer il's attention over x, through its output projection; plus the residual where given."""
         c, b, w = self.cfg, self.backend, self.w
         T = x.shape[0]
         if c.fused_qkv:
@@ -245,18 +261,23 @@ class Model:
                         w.get(p + "attn_sinks.weight"), c.causal)   # (T, n_head, dv)
         if c.attn_gate:
             o = b.mul(o, b.sigmoid(gate))                 # (T, n_head, dv)
-        return self._linear(p + "attn_output", o.reshape(T, c.n_head * c.head_dim_v))  # (T, n_embd)
+        o = o.reshape(T, c.n_head * c.head_dim_v)         # (T, n_head * dv)
+        if residual is None:
+            return self._linear(p + "attn_output", o)     # (T, n_embd)
+        return self._residual_product(p + "attn_output", o, residual, p + "post_attention_norm.weight")  # (T, n_embd)
 
-    def _ffn(self, p: str, x):
+    def _ffn(self, p: str, x, residual):
+        """residual + the feed-forward block of x."""
         b, w, n_ff = self.backend, self.w, self.cfg.n_ff
         if self.cfg.n_expert:
-            return self._experts(p, x)
+            return self._residual(p + "post_ffw_norm.weight", residual, self._experts(p, x))
         if self.cfg.fused_ffn:
             gate_up = b.matmul(x, w[p + "ffn_up.weight"])  # (T, 2 * n_ff)
             gate, up = gate_up[:, :n_ff], gate_up[:, n_ff:]  # (T, n_ff) each
         else:
             gate, up = b.matmuls(x, [w[p + name + ".weight"] for name in GATE_UP])  # (T, n_ff) each
-        return b.matmul(b.glu(gate, up, self.cfg.gelu_ffn), w[p + "ffn_down.weight"])  # (T, n_embd)
+        return self._residual_product(p + "ffn_down", b.glu(gate, up, self.cfg.gelu_ffn), residual,
+                                      p + "post_ffw_norm.weight")  # (T, n_embd)
 
     def _experts(self, p: str, x):
         """Mixture of experts: each token through the n_expert_used experts its router picks, their

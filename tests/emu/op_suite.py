@@ -261,6 +261,53 @@ def test_products_loaded_together(backend, rows):
             np.testing.assert_array_equal(host(backend, y), host(backend, backend.matmul(x, w)))
 
 
+def test_products_with_a_joined_run_among_them(backend):
+    """q and k loaded together, v of another type alone (as Q4_K_M's Q6_K v): one token's three
+    products in two launches, each bit for bit its own product's."""
+    rng = np.random.default_rng(13)
+    raws = [random_weights(rng, qtype, 16, 256) for qtype in (QType.Q4_K, QType.Q4_K, QType.Q6_K)]
+    ws = [*backend.matrices(raws[:2], QType.Q4_K), backend.matrix(raws[2], QType.Q6_K, matmul=True)]
+    x = backend.xp.asarray(rng.standard_normal((1, 256)).astype(np.float32))
+    launched = len(getattr(backend.kernels, "launched", ()))
+    got = backend.matmuls(x, ws)
+    if hasattr(backend.kernels, "launched"):
+        assert len(backend.kernels.launched) - launched == 2
+    for y, raw, qtype in zip(got, raws, (QType.Q4_K, QType.Q4_K, QType.Q6_K)):
+        alone = backend.matmul(x, backend.matrix(raw, qtype, matmul=True))
+        np.testing.assert_array_equal(host(backend, y), host(backend, alone))
+
+
+@pytest.mark.parametrize("products", ["float", "int8"])
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.Q4_1, QType.Q5_0], ids=lambda t: t.name)
+def test_products_add_the_residual_in_their_epilogue(backend, qtype, products, monkeypatch):
+    """matmul_add(x, w, r): bit for bit r + matmul(x, w) through add, for one token (1 and 2 rows
+    a warp), a few (in chunks of MATVEC_MAX_TOKENS) and a GEMM's many, float32 and 8-bit
+    activations; below GEMM_MIN_TOKENS with no launch of the add (the matvec_add_* kernels)."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
+    b = CudaBackend(backend.kernels, products)
+    rng = np.random.default_rng(int(qtype) + len(products))
+    cols = 512 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    raw = random_weights(rng, qtype, 37, cols)
+    for rows in (1, 2):
+        monkeypatch.setattr(cuda_matmul, "MATVEC_ROWS2_MIN", 0 if rows == 2 else 1 << 30)
+        monkeypatch.setattr(cuda_matmul, "MATVEC_ROWS2_TYPES", {k: frozenset({qtype}) for k in ("float", "int8")})
+        w = b.matrix(raw, qtype, matmul=True)
+        for n_tok in (1, 3, cuda_matmul.MATVEC_MAX_TOKENS + 3, cuda_matmul.GEMM_MIN_TOKENS + 5):
+            x = b.xp.asarray(_wide_range_activations(rng, n_tok, cols))
+            r = b.xp.asarray(rng.standard_normal((n_tok, 37)).astype(np.float32) * 10)
+            launched = len(getattr(b.kernels, "launched", ()))
+            got = b.matmul_add(x, w, r)
+            if hasattr(b.kernels, "launched"):
+                names = b.kernels.launched[launched:]
+                assert ("add_f32" in names) == (n_tok >= cuda_matmul.GEMM_MIN_TOKENS), names
+                if n_tok == 1:
+                    int8 = products == "int8" and qtype in cuda_matmul.INT8_TYPES
+                    form = f"{'matvec_q8' if int8 else 'matvec'}_add_{'rows2_' if rows == 2 else ''}"
+                    assert names[-1] == form + cuda_matmul.TYPE_SUFFIX[qtype], names
+            np.testing.assert_array_equal(host(b, got), host(b, b.add(r, b.matmul(x, w))))
+
+
 def test_the_products_path_is_checked():
     from llogos_cli.backends.cuda.cuda_backend import choose_products
     assert choose_products("float") == "float"
@@ -555,6 +602,40 @@ def test_kv_store_and_attention(backend, type_k, type_v, runs, window):
     assert_close(host(backend, got), CPU.attention(q, caches[0], cpu_layout, 0.125, window), rtol=2e-5)
 
 
+@pytest.mark.parametrize("dv", [64, 32, 48])
+@pytest.mark.parametrize("runs", ATTENTION_BATCHES.values(), ids=ATTENTION_BATCHES)
+def test_attention_writes_the_output_projection_s_8_bit_input(backend, runs, dv, monkeypatch):
+    """With int8 products, an attention the fused kernel takes whole writes its output (bit for bit
+    the float backend's) and that output's quantize_q8 too, seen as (T, H * dv): the output
+    projection then takes it with no quantize_q8 launch and gives bit for bit what it gives with
+    the output quantized apart. Batches with a long (GEMM) run, or heads of dv not in runs of 32,
+    leave the quantizing to the product."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
+    int8 = CudaBackend(backend.kernels, "int8")
+    rng = np.random.default_rng(dv + len(runs))
+    n_slots, n_ctx, n_kv, n_head, dk = 5, 64, 2, 6, 64
+    caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, "f16", "f16") for b in (CPU, int8)]
+    _store(int8, caches, rng, [(slot, 0, n) for slot, n in HISTORY.items() if n], n_kv, dk, dv)
+    _, layout = _store(int8, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
+    q = int8.xp.asarray(rng.standard_normal((len(layout.pos), n_head, dk)).astype(np.float32))
+    o = int8.attention(q, caches[1], layout, 0.125, 0)
+    np.testing.assert_array_equal(host(int8, o), host(backend, backend.attention(q, caches[1], layout, 0.125, 0)))
+    x = o.reshape(o.shape[0], n_head * dv)
+    wm = int8.matrix(random_weights(rng, QType.Q8_0, 8, n_head * dv), QType.Q8_0, matmul=True)
+    launched = len(getattr(int8.kernels, "launched", ()))
+    got = int8.matmul(x, wm)
+    written = cuda_attention.fused_only(layout) and dv % cuda_matmul.Q8_RUN == 0
+    if hasattr(int8.kernels, "launched"):
+        quantized_apart = not written and x.shape[0] < cuda_matmul.GEMM_MIN_TOKENS   # (a GEMM takes floats)
+        assert ("quantize_q8" in int8.kernels.launched[launched:]) == quantized_apart
+    if written:
+        for fused, apart in zip(int8._x8[1], cuda_matmul.quantize_q8(backend.kernels, x)):
+            np.testing.assert_array_equal(host(int8, fused), host(int8, apart))
+    want = int8.matmul(int8.xp.asarray(host(int8, x)), wm)   # another array: quantized on the way in
+    np.testing.assert_array_equal(host(int8, got), host(int8, want))
+
+
 @pytest.mark.parametrize("type_k, type_v", [("f32", "f32"), ("f16", "f16"), ("q8_0", "f16"), ("q4_0", "iq4_nl")])
 @pytest.mark.parametrize("runs", ATTENTION_BATCHES.values(), ids=ATTENTION_BATCHES)
 @pytest.mark.parametrize("window", [0, 7])
@@ -613,9 +694,10 @@ def test_attention_sinks(backend, runs):
 @pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
 @pytest.mark.parametrize("neox, dims", [(False, 64), (True, 64), (True, 16)])
 def test_rope_kv_store(backend, type_k, type_v, neox, dims):
-    """The queries and keys turned and the keys and values stored in one launch, against the NumPy
-    backend's rope and kv_store: the queries within rope's bound, the stored rows within one
-    rounding step of the cache type (keys an f32 rounding apart can round to neighbouring steps)."""
+    """The queries and keys turned and the keys and values stored in one launch (a rope_store
+    kernel for every pair of cache types), against the NumPy backend's rope and kv_store: the
+    queries within rope's bound, the stored rows within one rounding step of the cache type (keys
+    an f32 rounding apart can round to neighbouring steps)."""
     rng = np.random.default_rng(dims + neox)
     n_slots, n_ctx, n_kv, n_head, dk, dv = 5, 64, 2, 6, 64, 32
     cpu_layout, layout = layouts(backend, [(2, 5, 1), (0, 29, 3), (3, 0, 1)])
@@ -629,6 +711,8 @@ def test_rope_kv_store(backend, type_k, type_v, neox, dims):
     xp = backend.xp
     got = backend.rope_kv_store(caches[1], xp.asarray(q), xp.asarray(k), xp.asarray(v), layout, *turn,
                                 xp.asarray(factors), 1.2)
+    if hasattr(backend.kernels, "launched"):   # one launch for every pair of cache types
+        assert backend.kernels.launched[-1] == f"rope_store_{'neox' if neox else 'norm'}_{type_k}_{type_v}"
     assert_close(host(backend, got), want, rtol=2e-6)
     for name, cache_type, d in (("k", type_k, dk), ("v", type_v, dv)):
         got, want = (_decoded(backend if i else CPU, caches[i], name, cache_type) for i in (1, 0))

@@ -260,6 +260,9 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         self._routes[key] = products
         return products
 
+    def matmul_add(self, x: np.ndarray, w: Matrix, residual: np.ndarray) -> np.ndarray:
+        return self.add(residual, self.matmul(x, w))
+
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
 

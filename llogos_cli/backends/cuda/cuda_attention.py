@@ -21,7 +21,7 @@ from llogos_cli.backends import QUERY_CHUNK, check_cache_type
 from llogos_cli.backends.cuda import cuda_ops
 from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_kernels import cdiv, check
-from llogos_cli.backends.cuda.cuda_matmul import get_rows
+from llogos_cli.backends.cuda.cuda_matmul import Q8_RUN, get_rows
 from llogos_cli.errors import LlogosError
 
 # The GGUF type a cache row is laid out as, for gathering rows with get_rows.
@@ -123,24 +123,31 @@ def kv_shift(k, cache: KVCache, slot: int, src: int, n: int, delta: int, rope: t
                  *cache.where(factors)))
 
 
+def fused_only(layout: Layout) -> bool:
+    """Whether the fused kernel takes every run of the batch (none long enough for the GEMM path)."""
+    return all(t1 - t0 <= FUSED_MAX_TOKENS for _, t0, t1 in layout.runs)
+
+
 def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, softcap: float = 0.0, sinks=None,
-              ends=None):
+              ends=None, x8=None):
     """Each query of q (T, H, dk) over its own slot's cached keys up to its position (with ends,
     device int32 (T,) of Layout.ends(): up to its run's last, not causal), scores soft-capped by
     softcap unless 0, and each head's sink (sinks (H,)) joining its softmax's denominator if
-    given; -> (T, H, dv)."""
+    given; -> (T, H, dv). x8: q8_buffers of (T, H * dv), filled with the output's 8-bit form on
+    the way (a batch the fused kernel takes whole, fused_only; dv in whole runs)."""
     check(q, np.float32, "q")
     if sinks is not None:
         check(sinks, np.float32, "sinks")
         assert sinks.shape == (q.shape[1],)
     n_tok, n_head, dk = q.shape
     assert dk == cache.dk and n_head % cache.k.shape[1] == 0
+    assert x8 is None or (fused_only(layout) and cache.dv % Q8_RUN == 0)
     out = k.xp.empty((n_tok, n_head, cache.dv), np.float32)
     for t0, t1, slot in _spans(layout.runs):
         s = slice(t0, t1)
         if slot is None:
             _fused(k, q[s], cache, layout.slots[s], (layout.pos if ends is None else ends)[s], scale, window, softcap,
-                   sinks, out[s])
+                   sinks, out[s], None if x8 is None else (x8[0][s], x8[1][s]))
         else:
             out[s] = _gemm(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window, softcap, sinks, ends is None)
     return out
@@ -160,7 +167,10 @@ def _spans(runs) -> list[tuple[int, int, int | None]]:
     return spans
 
 
-def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap: float, sinks, out) -> None:
+def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap: float, sinks, out, x8) -> None:
+    if x8 is not None:
+        check(x8[0], np.int8, "xq")
+        check(x8[1], np.float32, "xs")
     check(slots, np.int32, "slots")
     check(pos, np.int32, "pos")
     check(cache.k, np.uint8, "key cache")
@@ -173,6 +183,7 @@ def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap:
         (q, cache.k, cache.v, out, slots, pos, np.int32(n_head), np.int32(n_kv), np.int32(dk),
          np.int32(cache.dv), np.float32(scale), np.int32(window), np.float32(softcap),
          q if sinks is None else sinks, np.int32(sinks is not None),   # q: a pointer the kernel then never reads
+         *((out, out) if x8 is None else x8), np.int32(x8 is not None),  # out, likewise
          *cache.where(slots)))
 
 

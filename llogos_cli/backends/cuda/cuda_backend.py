@@ -67,8 +67,9 @@ class CudaBackend:
         self._scratch = Scratch(self.xp)
         self._inputs: dict[str, tuple[np.ndarray, object]] = {}  # name -> (host copy, device buffer)
         self._ones: dict[int, object] = {}                       # rope factors of models without any
-        self._joined: dict[tuple, tuple[QuantMatrix, list[int]]] = {}  # matrices() by their ids: (joined, first rows)
-        self._x8 = None   # (activations, their 8-bit form) from the last RMSNorm or GLU that made both
+        # matrices() by their ids: (joined, first rows, the parts, held so that no other matrix takes their ids)
+        self._joined: dict[tuple, tuple[QuantMatrix, list[int], list[QuantMatrix]]] = {}
+        self._x8 = None   # (activations, their 8-bit form) from the last RMSNorm, GLU or attention that made both
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType):
@@ -89,7 +90,7 @@ class CudaBackend:
             return [self.matrix(raw, qtype, matmul=True) for raw in raws]
         joined = upload(self.xp, np.concatenate(raws), qtype, True)
         ms = [dataclasses.replace(joined, raw=joined.raw[a:b], rows=b - a) for a, b in zip(firsts, firsts[1:])]
-        self._joined[tuple(map(id, ms))] = (joined, firsts)
+        self._joined[tuple(map(id, ms))] = (joined, firsts, ms)
         return ms
 
     def warm_up(self, product_types: set, experts: bool = False, progress=None) -> float:
@@ -142,19 +143,34 @@ class CudaBackend:
     def matmul(self, x, w: QuantMatrix):
         return self.matmuls(x, [w])[0]
 
-    def matmuls(self, x, ws: list[QuantMatrix]) -> list:
+    def matmul_add(self, x, w: QuantMatrix, residual):
+        """residual + x · wᵀ: a few tokens' residual is added in the products' epilogue."""
+        return self.matmuls(x, [w], self._c(residual))[0]
+
+    def matmuls(self, x, ws: list[QuantMatrix], add=None) -> list:
         """Products sharing x: a few tokens' activations are quantized once for all of them (by
-        the RMSNorm or GLU that made x, where it did)."""
-        made = self._x8[1] if self._x8 is not None and self._x8[0] is x else None
+        the RMSNorm or GLU that made x, where it did). add: one product's residual (matmul_add)."""
+        made = self._made_for(x)
         x, x8 = self._c(x), None
         if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and int8_pays(ws):
             x8 = made if made is not None else quantize_q8(self.kernels, x)
-        joined = self._joined.get(tuple(map(id, ws))) if x.shape[0] == 1 else None
-        if joined is not None:   # one row: each matrix's columns of the joined product are contiguous
-            w, firsts = joined
-            y = matmul(self.kernels, x, w, self._scratch, x8)
-            return [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
-        return [matmul(self.kernels, x, w, self._scratch, x8) for w in ws]
+        assert add is None or len(ws) == 1
+        ys = []
+        for w, firsts in self._products(ws, x.shape[0] == 1):
+            y = matmul(self.kernels, x, w, self._scratch, x8, add)
+            ys += [y] if firsts is None else [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
+        return ys
+
+    def _products(self, ws: list[QuantMatrix], one_row: bool) -> list[tuple[QuantMatrix, list[int] | None]]:
+        """ws as the products that multiply them: for one row, each run that matrices() joined as
+        the joined matrix and its parts' first rows (each part's columns of the joined product are
+        contiguous), every other matrix alone (None)."""
+        products, i = [], 0
+        while i < len(ws):
+            n = next((n for n in range(len(ws) - i, 1, -1) if one_row and tuple(map(id, ws[i:i + n])) in self._joined), 1)
+            products.append(self._joined[tuple(map(id, ws[i:i + n]))][:2] if n > 1 else (ws[i], None))
+            i += n
+        return products
 
     def add(self, a, b):
         return cuda_ops.add(self.kernels, self._c(a), self._c(b))
@@ -178,20 +194,30 @@ class CudaBackend:
         return cuda_ops.softplus(self.kernels, self._c(x))
 
     def rmsnorm(self, x, w, eps: float):
-        x8 = self._q8_for(x)
+        x8 = self._q8_for(x.shape)
         return self._made(cuda_ops.rmsnorm(self.kernels, self._c(x), w, eps, x8), x8)
 
-    def _q8_for(self, x):
-        """Buffers for x's 8-bit form where the op making x from x-shaped input can fill them on
-        the way (few tokens' rows of whole runs, for the products that may take them next), else None."""
-        if self.products == "int8" and x.ndim == 2 and x.shape[0] < GEMM_MIN_TOKENS and x.shape[1] % Q8_RUN == 0:
-            return q8_buffers(self.xp, x.shape)
+    def _q8_for(self, shape: tuple):
+        """Buffers for the 8-bit form of activations of this shape, where the op making them can
+        fill them on the way (few tokens' rows of whole runs, for the products that may take them
+        next), else None."""
+        if self.products == "int8" and len(shape) == 2 and shape[0] < GEMM_MIN_TOKENS and shape[1] % Q8_RUN == 0:
+            return q8_buffers(self.xp, shape)
         return None
 
     def _made(self, y, x8):
         if x8 is not None:
             self._x8 = (y, x8)
         return y
+
+    def _made_for(self, x):
+        """The 8-bit form _made kept for x: made with x, or with the array x views whole (the
+        attention's (T, H, dv) output seen as (T, H * dv))."""
+        if self._x8 is None:
+            return None
+        y, x8 = self._x8
+        whole_view = x.base is y and x.size == y.size and x.flags.c_contiguous and x.shape == x8[0].shape
+        return x8 if x is y or whole_view else None
 
     def layernorm(self, x, w, b, eps: float):
         return cuda_ops.layernorm(self.kernels, self._c(x), w, b, eps)
@@ -223,7 +249,7 @@ class CudaBackend:
         return self._ones[n]
 
     def glu(self, gate, up, gelu: bool):
-        x8 = self._q8_for(gate)
+        x8 = self._q8_for(gate.shape)
         return self._made(cuda_ops.glu(self.kernels, self._c(gate), self._c(up), gelu, x8), x8)
 
     # ---------------------------------------------------------------- mixture of experts
@@ -273,7 +299,10 @@ class CudaBackend:
         """Each query of q (T, H, dk) over its own slot's keys up to its position (not causal: up
         to its run's last, read from a device copy of the layout's ends); -> (T, H, dv)."""
         ends = None if causal else self.device_input("ends", layout.ends())
-        return cuda_attention.attention(self.kernels, self._c(q), cache, layout, scale, window, softcap, sinks, ends)
+        shape = (q.shape[0], q.shape[1] * cache.dv)   # as the output projection takes it
+        x8 = self._q8_for(shape) if cuda_attention.fused_only(layout) and cache.dv % Q8_RUN == 0 else None
+        out = cuda_attention.attention(self.kernels, self._c(q), cache, layout, scale, window, softcap, sinks, ends, x8)
+        return self._made(out, x8)
 
     def kv_shift(self, cache: KVCache, slot: int, src: int, n: int, delta: int, rope: tuple | None) -> None:
         cuda_attention.kv_shift(self.kernels, cache, slot, src, n, delta, rope, self._ones_of)

@@ -17,6 +17,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
+from llogos_cli.backends.cuda import cuda_ops
 from llogos_cli.backends.cuda.cuda_kernels import TYPE_SUFFIX, cdiv, check
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
@@ -86,9 +87,10 @@ def upload(xp, raw: np.ndarray, qtype: QType, in_products: bool) -> QuantMatrix:
     return QuantMatrix(xp.asarray(raw), qtype, raw.shape[0], cols, in_products)
 
 
-def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None):
-    """x (T, in) float32 · W (out, in)ᵀ -> (T, out) float32; below GEMM_MIN_TOKENS, products with a
-    matrix of INT8_TYPES multiply x8 (quantize_q8(k, x)) instead where given."""
+def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None, add=None):
+    """x (T, in) float32 · W (out, in)ᵀ -> (T, out) float32, plus add (T, out) where given (in the
+    matrix-vector kernels' epilogue); below GEMM_MIN_TOKENS, products with a matrix of INT8_TYPES
+    multiply x8 (quantize_q8(k, x)) instead where given."""
     check(x, np.float32, "x")
     n_tok = x.shape[0]
     assert x.shape[1] == w.cols, f"x has {x.shape[1]} features, the matrix {w.cols}"
@@ -97,10 +99,11 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None):
         int8 = x8 is not None and w.qtype in INT8_TYPES
         for t0 in range(0, n_tok, MATVEC_MAX_TOKENS):
             t1 = t0 + MATVEC_MAX_TOKENS
+            rows = None if add is None else add[t0:t1]
             if int8:
-                matvec_q8(k, (x8[0][t0:t1], x8[1][t0:t1]), w, y[t0:t1])
+                matvec_q8(k, (x8[0][t0:t1], x8[1][t0:t1]), w, y[t0:t1], add=rows)
             else:
-                matvec(k, x[t0:t1], w, y[t0:t1])
+                matvec(k, x[t0:t1], w, y[t0:t1], add=rows)
         return y
     x16 = k.xp.empty(x.shape, np.float16)
     dequantize(k, x.view(np.uint8), QType.F32, x16)  # as astype(float16), in a kernel the emulator's graphs replay too
@@ -110,7 +113,7 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None):
         w16 = buf[:(r1 - r0) * w.cols].reshape(r1 - r0, w.cols)
         dequantize(k, w.raw[r0:r1], w.qtype, w16)
         k.gemm_f16(x16, w16, y[:, r0:r1])
-    return y
+    return y if add is None else cuda_ops.add(k, add, y)
 
 
 def rows_per_warp(w: QuantMatrix, activations: str = "float") -> int:
@@ -122,26 +125,33 @@ def rows_per_warp_q8(w: QuantMatrix) -> int:
     return rows_per_warp(w, "int8")
 
 
-def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp) -> None:
-    """y (T, out) = x (T, in) · Wᵀ for T <= MATVEC_MAX_TOKENS."""
+def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp, add=None) -> None:
+    """y (T, out) = x (T, in) · Wᵀ (+ add (T, out) where given) for T <= MATVEC_MAX_TOKENS."""
     check(x, np.float32, "x")
-    check(y, np.float32, "y")
     check(w.raw, np.uint8, "w")
-    n_tok = x.shape[0]
-    assert 0 < n_tok <= MATVEC_MAX_TOKENS and y.shape == (n_tok, w.rows)
-    _launch_matvec(k, "matvec", w, (w.raw, x, y, np.int32(w.cols), np.int32(w.rows)), n_tok, rows_per_warp)
+    _launch_matvec(k, "matvec", w, (w.raw, x), y, add, x.shape[0], rows_per_warp)
 
 
-def _launch_matvec(k, module: str, w: QuantMatrix, args: tuple, n_tok: int, rows_per_warp) -> None:
+def _launch_matvec(k, module: str, w: QuantMatrix, inputs: tuple, y, add, n_tok: int, rows_per_warp) -> None:
     """A launch of module's kernels for w (module matvec or matvec_q8, its kernels named after it):
-    <module>_<type> or <module>_rows<R>_<type> for one token, <module>_batch_<type> for several."""
+    <module>_<type> or <module>_rows<R>_<type> for one token, <module>_batch_<type> for several;
+    <module>_add_... with the residual add, which they take after the inputs."""
+    check(y, np.float32, "y")
+    assert 0 < n_tok <= MATVEC_MAX_TOKENS and y.shape == (n_tok, w.rows)
+    if add is not None:
+        check(add, np.float32, "add")
+        assert add.shape == y.shape, f"the residual is {add.shape}, the product {y.shape}"
+        module_name, inputs = f"{module}_add", (*inputs, add)
+    else:
+        module_name = module
+    args = (*inputs, y, np.int32(w.cols), np.int32(w.rows))
     block, suffix = (MATVEC_WARPS * 32,), TYPE_SUFFIX[w.qtype]
     if n_tok == 1:
         rows = rows_per_warp(w)
-        name = f"{module}_{suffix}" if rows == 1 else f"{module}_rows{rows}_{suffix}"
+        name = f"{module_name}_{suffix}" if rows == 1 else f"{module_name}_rows{rows}_{suffix}"
         k.function(module, name)((cdiv(w.rows, MATVEC_WARPS * rows),), block, args)
     else:
-        k.function(module, f"{module}_batch_{suffix}")((cdiv(w.rows, MATVEC_WARPS),), block, (*args, np.int32(n_tok)))
+        k.function(module, f"{module_name}_batch_{suffix}")((cdiv(w.rows, MATVEC_WARPS),), block, (*args, np.int32(n_tok)))
 
 
 def int8_pays(ws: list[QuantMatrix]) -> bool:
@@ -164,15 +174,14 @@ def quantize_q8(k, x) -> tuple:
     return xq, xs
 
 
-def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp_q8) -> None:
-    """y (T, out) = x · Wᵀ for T <= MATVEC_MAX_TOKENS and W of INT8_TYPES, x as quantize_q8 made it."""
+def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp_q8, add=None) -> None:
+    """y (T, out) = x · Wᵀ (+ add where given) for T <= MATVEC_MAX_TOKENS and W of INT8_TYPES, x as
+    quantize_q8 made it."""
     xq, xs = x8
     check(xq, np.int8, "xq")
     check(xs, np.float32, "xs")
-    check(y, np.float32, "y")
-    n_tok = xq.shape[0]
-    assert w.qtype in INT8_TYPES and 0 < n_tok <= MATVEC_MAX_TOKENS and xq.shape[1] == w.cols and y.shape == (n_tok, w.rows)
-    _launch_matvec(k, "matvec_q8", w, (w.raw, xq, xs, y, np.int32(w.cols), np.int32(w.rows)), n_tok, rows_per_warp)
+    assert w.qtype in INT8_TYPES and xq.shape[1] == w.cols
+    _launch_matvec(k, "matvec_q8", w, (w.raw, xq, xs), y, add, xq.shape[0], rows_per_warp)
 
 
 def dequantize(k, raw, qtype: QType, out) -> None:

@@ -1,16 +1,14 @@
 """Launcher of rope_store.cu: the queries and keys of a batch turned by RoPE and the keys and values
 stored into a layer's KV cache in one launch, where rope and kv_store took four (the launch budget,
-bench/launch_budget.py). Cache types without such a kernel take those four."""
+bench/launch_budget.py), for every pair of cache types."""
 
 import numpy as np
 
-from llogos_cli.backends.cuda import cuda_ops
-from llogos_cli.backends.cuda.cuda_attention import KVCache, check_where, kv_store
+from llogos_cli.backends import CACHE_BLOCKS
+from llogos_cli.backends.cuda.cuda_attention import KVCache, check_where
 from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_kernels import cdiv, check
 
-STORE_TYPES = ("f32", "f16", "q8_0")   # the kv_* row types of kv_cache.cuh that rope_store.cu instantiates
-_QK = {"f32": 1, "f16": 1, "q8_0": 32}  # features one thread stores, each type's QK in kv_cache.cuh
 _THREADS = 256
 
 
@@ -18,11 +16,6 @@ def rope_kv_store(k, cache: KVCache, q, keys, values, layout: Layout, factors, d
                   freq_scale: float, neox: bool, attn_factor: float = 1.0):
     """q (T, H, dk) and keys (T, n_kv, dk) turned at the layout's positions as cuda_ops.rope turns
     them; the keys and values (T, n_kv, dv) stored as kv_store stores them; -> the turned q."""
-    if cache.type_k not in STORE_TYPES or cache.type_v not in STORE_TYPES:
-        rope = (factors, dims, base, freq_scale, neox, attn_factor)
-        q, keys = cuda_ops.rope(k, q, layout.pos, *rope), cuda_ops.rope(k, keys, layout.pos, *rope)
-        kv_store(k, cache, keys, values, layout)
-        return q
     check_where(cache, layout)
     for x, name in ((q, "q"), (keys, "keys"), (values, "values"), (factors, "factors")):
         check(x, np.float32, name)
@@ -32,7 +25,9 @@ def rope_kv_store(k, cache: KVCache, q, keys, values, layout: Layout, factors, d
     n_kv = cache.k.shape[1]
     assert keys.shape == (n_tok, n_kv, cache.dk) and values.shape == (n_tok, n_kv, cache.dv) and dk == cache.dk
     assert layout.pos.shape == (n_tok,) and dims % 2 == 0 and dims <= dk and factors.shape == (dims // 2,)
-    units = n_tok * (n_head * dk + n_kv * (dk // _QK[cache.type_k] + cache.dv // _QK[cache.type_v]))
+    # A thread a query feature, or a block of a key or value row (each type's QK in kv_cache.cuh).
+    k_unit, v_unit = CACHE_BLOCKS.get(cache.type_k, 1), CACHE_BLOCKS.get(cache.type_v, 1)
+    units = n_tok * (n_head * dk + n_kv * (dk // k_unit + cache.dv // v_unit))
     out = k.xp.empty_like(q)
     k.function("rope_store", f"rope_store_{'neox' if neox else 'norm'}_{cache.type_k}_{cache.type_v}")(
         (cdiv(units, _THREADS),), (_THREADS,),
