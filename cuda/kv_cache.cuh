@@ -85,7 +85,9 @@ struct kv_q4_0 {
         block_q4_0* b = (block_q4_0*)row + e / 32;
         const float d = signed_max32(x) / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         u8 q[32];
-        for (int i = 0; i < 32; i++) q[i] = (u8)min(15, (int)(x[i] * id + 8.5f));  // truncated: x / d + 8.5 >= 0.5
+        // Truncated (x / d + 8.5 >= 0.5); product and sum rounded apart, as the reference does: an FMA
+        // would round once and move elements on a level's edge.
+        for (int i = 0; i < 32; i++) q[i] = (u8)min(15, (int)__fadd_rn(__fmul_rn(x[i], id), 8.5f));
         pack_nibbles(b, q);
         b->d = f32_to_f16(d);
     }
@@ -127,8 +129,8 @@ struct kv_iq4_nl {
             for (int i = 0; i < 32; i++) {
                 q[i] = (u8)iq4_nearest(id * x[i]);
                 const float level = uint_to_f32(iq4_biased(q[i]), 128.0f), wq = x[i] * x[i] * level;
-                sum_qx += wq * x[i];
-                sum_q2 += wq * level;
+                sum_qx = __fadd_rn(sum_qx, __fmul_rn(wq, x[i]));   // not FMAs: the reference's rounding,
+                sum_q2 = __fadd_rn(sum_q2, __fmul_rn(wq, level));  // which the f16 scale inherits
             }
             d = sum_q2 > 0.0f ? sum_qx / sum_q2 : 0.0f;
         }

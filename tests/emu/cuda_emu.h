@@ -77,6 +77,9 @@ inline int max(int a, int b) { return a > b ? a : b; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __expf(float x) { return std::exp(x); }
+// The product and sum rounded each on its own, never joined into an FMA (the host does not join them either).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline void __trap() { emu::fail("__trap"); }
 // Round to nearest even, as cvt.rni (the host's default rounding mode).
