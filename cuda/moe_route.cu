@@ -2,32 +2,49 @@
 // probability softmax(logits[t]) (ties to the lower index), and their probabilities, scaled to sum
 // to 1 when normalize is set (Qwen2-MoE leaves them as they are): experts (T, k) int32, weights (T, k).
 //
-// One thread per token: the experts of a layer number in the tens to hundreds, and k is small.
+// One warp per token, as many tokens a block as it has warps: lane l holds experts l, l + 32, ... (at most 32
+// each: n_expert <= 1024), and the maximum, the softmax's sum and each of the k picks are warp
+// reductions. (A thread per token read the logits k times over, alone: with 128 experts and k = 8
+// that was most of a decode step's time.)
 #include "common.cuh"
 
 extern "C" __global__ void moe_route_f32(const float* __restrict__ logits, int* __restrict__ experts,
                                          float* __restrict__ weights, int T, int n_expert, int k, int normalize) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
+    const int lane = threadIdx.x % WARP_SIZE, t = (blockIdx.x * blockDim.x + threadIdx.x) / WARP_SIZE;
+    if (t >= T) return;   // the whole warp: t is the warp's
     const float* l = logits + (i64)t * n_expert;
-    int* chosen = experts + (i64)t * k;
-    float* p = weights + (i64)t * k;
     float m = -F32_INF;
-    for (int e = 0; e < n_expert; e++) m = fmaxf(m, l[e]);
+    for (int e = lane; e < n_expert; e += WARP_SIZE) m = fmaxf(m, l[e]);
+    m = warp_max(m);
     float total = 0.0f;
-    for (int e = 0; e < n_expert; e++) total += expf(l[e] - m);
+    for (int e = lane; e < n_expert; e += WARP_SIZE) total += expf(l[e] - m);
+    total = warp_sum(total);
+    u32 taken = 0;   // bit i: this lane's expert lane + 32 i is chosen
     float kept = 0.0f;
     for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < n_expert; e++) {
-            bool taken = false;
-            for (int i = 0; i < j; i++) taken |= chosen[i] == e;
-            if (!taken && (best < 0 || l[e] > l[best])) best = e;
+        float best = -F32_INF;
+        int at = -1;
+        for (int i = 0, e = lane; e < n_expert; i++, e += WARP_SIZE)
+            if (!((taken >> i) & 1u) && (at < 0 || l[e] > best)) {
+                best = l[e];
+                at = e;
+            }
+        for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {   // the larger, or the lower index on a tie
+            const float other = __shfl_xor_sync(FULL_MASK, best, offset);
+            const int other_at = __shfl_xor_sync(FULL_MASK, at, offset);
+            if (other_at >= 0 && (at < 0 || other > best || (other == best && other_at < at))) {
+                best = other;
+                at = other_at;
+            }
         }
-        chosen[j] = best;
-        p[j] = expf(l[best] - m) / total;
-        kept += p[j];
+        if (at % WARP_SIZE == lane) taken |= 1u << (at / WARP_SIZE);
+        const float p = expf(best - m) / total;
+        kept += p;
+        if (lane == 0) {
+            experts[(i64)t * k + j] = at;
+            weights[(i64)t * k + j] = p;
+        }
     }
-    if (normalize)
-        for (int j = 0; j < k; j++) p[j] /= kept;
+    if (normalize && lane == 0)
+        for (int j = 0; j < k; j++) weights[(i64)t * k + j] /= kept;
 }

@@ -315,6 +315,22 @@ def test_the_products_path_is_checked():
         choose_products("int4")
 
 
+@pytest.mark.parametrize("n_expert, k", [(32, 4), (128, 8), (200, 6), (1024, 2)])
+def test_route_of_real_expert_counts(backend, n_expert, k):
+    """The router's picks and probabilities at gpt-oss's, Qwen3-MoE's and larger expert counts (lanes
+    holding several experts each), ties among the top ones to the lower index, as the CPU backend."""
+    rng = np.random.default_rng(n_expert)
+    logits = rng.standard_normal((7, n_expert)).astype(np.float32)
+    top = np.argsort(-logits[1])[:3]
+    logits[1, top] = logits[1, top[0]]                   # three-way tie at the top
+    logits[2, 33 % n_expert] = logits[2, 1] = 9.0        # a tie across lanes
+    for normalize in (True, False):
+        experts, weights = backend.route(backend.xp.asarray(logits), k, normalize=normalize)
+        want_experts, want_weights = CPU.route(logits, k, normalize=normalize)
+        np.testing.assert_array_equal(host(backend, experts), want_experts)
+        assert_close(host(backend, weights), want_weights, rtol=1e-6)
+
+
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
 def test_route_and_matmul_experts(backend, qtype):
     """A mixture-of-experts layer's ops: 9 tokens routed to 3 of 6 experts (ties included), through

@@ -13,6 +13,8 @@ from llogos_cli.backends.cuda.cuda_matmul import MATVEC_WARPS, QuantMatrix
 
 MAX_PAIRS = 65535   # (token, choice) pairs per launch: the grid's y dimension
 _THREADS = 256
+ROUTE_WARPS = 4     # tokens a block of moe_route, a warp each
+ROUTE_MAX_EXPERTS = 32 * 32   # moe_route keeps which of its (at most 32) experts a lane has chosen in 32 bits
 
 
 def route(k, logits, n_used: int, normalize: bool = True):
@@ -20,10 +22,11 @@ def route(k, logits, n_used: int, normalize: bool = True):
     chosen experts' probabilities, scaled to sum to 1 if normalize."""
     check(logits, np.float32, "logits")
     n_tok, n_expert = logits.shape
+    assert n_expert <= ROUTE_MAX_EXPERTS, f"{n_expert} experts: moe_route takes at most {ROUTE_MAX_EXPERTS}"
     experts = k.xp.empty((n_tok, n_used), np.int32)
     weights = k.xp.empty((n_tok, n_used), np.float32)
     if n_tok:
-        k.function("moe_route", "moe_route_f32")((cdiv(n_tok, _THREADS),), (_THREADS,),
+        k.function("moe_route", "moe_route_f32")((cdiv(n_tok, ROUTE_WARPS),), (ROUTE_WARPS * 32,),
                                                   (logits, experts, weights, np.int32(n_tok), np.int32(n_expert),
                                                    np.int32(n_used), np.int32(normalize)))
     return experts, weights
