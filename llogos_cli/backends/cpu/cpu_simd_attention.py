@@ -67,11 +67,12 @@ def _fma(builder):
 
 
 @contextmanager
-def _chunks(context, builder, array_t, array, first, d):
-    """Over the KEYS rows of d floats from flat index `first` (the next KEYS rows asked for first),
-    LANES floats at a time: yields (c, rows), c the chunk's offset in a row, rows the KEYS rows'
-    vectors there."""
-    _prefetch_next(context, builder, array_t, array, first, d)
+def _chunks(context, builder, array_t, array, first, d, prefetch):
+    """Over the KEYS rows of d floats from flat index `first` (with prefetch, the next KEYS rows
+    asked for first), LANES floats at a time: yields (c, rows), c the chunk's offset in a row, rows
+    the KEYS rows' vectors there."""
+    if prefetch:
+        _prefetch_next(context, builder, array_t, array, first, d)
     with cgutils.for_range(builder, builder.udiv(d, ir.Constant(I64, LANES))) as loop:
         c = builder.mul(loop.index, ir.Constant(I64, LANES))
         row = builder.add(first, c)
@@ -79,33 +80,23 @@ def _chunks(context, builder, array_t, array, first, d):
                   for m in range(KEYS)]
 
 
-@intrinsic
-def key_scores(typingctx, k, first, qs, scores, j):
-    """scores[j + m] = Σ_i qs[i] · k.flat[first + m · d + i] for m < KEYS, d = len(qs)."""
-    if getattr(k, "layout", None) != "C":
-        return None
-
+def _key_scores(prefetch: bool):
     def codegen(context, builder, sig, args):
         k_t, _, qs_t, scores_t, _ = sig.args
         k, first, qs, scores, j = args
         fma = _fma(builder)
         accs = [cgutils.alloca_once_value(builder, const(F32, LANES, 0.0)) for _ in range(KEYS)]
         d = builder.extract_value(context.make_array(qs_t)(context, builder, qs).shape, 0)
-        with _chunks(context, builder, k_t, k, first, d) as (c, keys):
+        with _chunks(context, builder, k_t, k, first, d, prefetch) as (c, keys):
             q = load(context, builder, qs_t, qs, c, F32, LANES)
             for key, acc in zip(keys, accs):
                 builder.store(builder.call(fma, [q, key, builder.load(acc)]), acc)
         _store(context, builder, scores_t, scores, j, _lane_sums(builder, [builder.load(a) for a in accs]))
         return context.get_dummy_value()
-    return types.none(k, first, qs, scores, j), codegen
+    return codegen
 
 
-@intrinsic
-def value_sums(typingctx, v, first, probs, j, acc):
-    """acc[i] += Σ_m probs[j + m] · v.flat[first + m · d + i] for m < KEYS, d = len(acc)."""
-    if getattr(v, "layout", None) != "C":
-        return None
-
+def _value_sums(prefetch: bool):
     def codegen(context, builder, sig, args):
         v_t, _, probs_t, _, acc_t = sig.args
         v, first, probs, j, acc = args
@@ -113,10 +104,30 @@ def value_sums(typingctx, v, first, probs, j, acc):
         p = load(context, builder, probs_t, probs, j, F32, KEYS)
         ps = [broadcast(builder, builder.extract_element(p, ir.Constant(I32, m)), LANES) for m in range(KEYS)]
         d = builder.extract_value(context.make_array(acc_t)(context, builder, acc).shape, 0)
-        with _chunks(context, builder, v_t, v, first, d) as (c, values):
+        with _chunks(context, builder, v_t, v, first, d, prefetch) as (c, values):
             total = load(context, builder, acc_t, acc, c, F32, LANES)
             for pm, value in zip(ps, values):
                 total = builder.call(fma, [pm, value, total])
             _store(context, builder, acc_t, acc, c, total)
         return context.get_dummy_value()
-    return types.none(v, first, probs, j, acc), codegen
+    return codegen
+
+
+def _intrinsic(name: str, codegen_for, prefetch: bool, doc: str):
+    """An intrinsic (array, first, vector, vector, j) over an array in C order."""
+    def typer(typingctx, array, first, a, b, c):
+        if getattr(array, "layout", None) == "C":
+            return types.none(array, first, a, b, c), codegen_for(prefetch)
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+key_scores = _intrinsic("key_scores", _key_scores, True, """key_scores(k, first, qs, scores, j):
+    scores[j + m] = Σ_i qs[i] · k.flat[first + m · d + i] for m < KEYS, d = len(qs).""")
+value_sums = _intrinsic("value_sums", _value_sums, True, """value_sums(v, first, probs, j, acc):
+    acc[i] += Σ_m probs[j + m] · v.flat[first + m · d + i] for m < KEYS, d = len(acc).""")
+# The same for keys and values already near the core (a prompt's chunk, read again for every query
+# of its tile), where asking for the next rows only spends instructions.
+cached_key_scores = _intrinsic("cached_key_scores", _key_scores, False, key_scores.__doc__)
+cached_value_sums = _intrinsic("cached_value_sums", _value_sums, False, value_sums.__doc__)

@@ -3,11 +3,11 @@
 A layer's cache holds (n_slots, n_kv, n_ctx, head_dim) keys and values, or, paged, a pool of
 (n_blocks, n_kv, block_size, head_dim) that slots reach through block tables (position p of a slot
 is offset p % block_size of block tables[slot, p // block_size]). A batch is a list of runs (see
-backends/__init__.py). Where numba is loaded and the cache is float32, every token is attended by
-cpu_attention's loop as a row of its own. Otherwise, in NumPy: decode rows (runs of one token) are
-attended all at once, each query against its own slot's first pos + 1 keys, the rest masked
-(softmax with per-row lengths); longer runs (prompt chunks) attend causally within their slot, a
-run at a time. A paged cache's keys are gathered block by block into the same (rows, n_kv,
+backends/__init__.py). Where numba is loaded and the cache is float32, cpu_attention's loop attends
+every token, prompt runs of a tile or more a tile of positions at a time. Otherwise, in NumPy:
+decode rows (runs of one token) are attended all at once, each query against its own slot's first
+pos + 1 keys, the rest masked (softmax with per-row lengths); longer runs (prompt chunks) attend
+causally within their slot, a run at a time. A paged cache's keys are gathered block by block into the same (rows, n_kv,
 positions, head_dim) shape first.
 """
 
@@ -51,6 +51,24 @@ class Layout:
                 ends[t0:t1] = self.pos[t1 - 1]
             self.memo["ends"] = ends
         return self.memo["ends"]
+
+    def items(self, tile: int, n_head: int, n_kv: int) -> np.ndarray:
+        """The compiled attention's work items, (first token, end token, first head, end head):
+        each `tile` consecutive tokens of a run at least that long with one KV group's heads (the
+        last of a run's tiles may be shorter), and each other token with one head, which gives the
+        threads H items a decode row. (n_items, 4) int64."""
+        key = ("items", tile, n_head, n_kv)
+        if key not in self.memo:
+            group = n_head // n_kv
+            tiles = [(a, min(a + tile, t1), g * group, (g + 1) * group)
+                     for _, t0, t1 in self.runs if t1 - t0 >= tile for a in range(t0, t1, tile) for g in range(n_kv)]
+            alone = np.ones(len(self.slots), bool)
+            for _, t0, t1 in self.runs:
+                alone[t0:t1] = t1 - t0 < tile
+            t, h = np.repeat(np.flatnonzero(alone), n_head), np.tile(np.arange(n_head), int(alone.sum()))
+            self.memo[key] = np.concatenate([np.array(tiles, np.int64).reshape(-1, 4),
+                                             np.stack([t, t + 1, h, h + 1], axis=1).astype(np.int64)])
+        return self.memo[key]
 
     def blocks(self, cache: "KVCache") -> np.ndarray:
         """Every token's row of block tables (an unpaged slot is one block): (T, blocks)."""
@@ -154,8 +172,9 @@ def _cache_round(x: np.ndarray, cache_type: str) -> np.ndarray:
 
 class AttentionOps:
     """Mixed into NumpyBackend."""
-    compiled_attention = None   # cpu_attention.attend_rows and store_rows where the backend has numba loaded
+    compiled_attention = None   # cpu_attention's attend, store_rows and TILE where the backend has numba loaded
     compiled_store = None
+    compiled_tile = 0
 
     def batch_layout(self, slots: np.ndarray, pos: np.ndarray) -> Layout:
         return batch_layout(slots, pos)
@@ -195,11 +214,12 @@ class AttentionOps:
         each softmax's denominator (gpt-oss)."""
         out = np.empty((q.shape[0], q.shape[1], cache.dv), np.float32)
         if self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
-            # Every token a row, a prompt's too: its keys are stored before it attends them, so each
-            # of its tokens attends its slot's keys up to its own position as a decode row does.
+            # A prompt's keys are stored before it attends them, so each of its tokens attends its
+            # slot's keys up to its own position as a decode row does.
             self.compiled_attention(np.ascontiguousarray(q, np.float32), cache.k, cache.v, layout.blocks(cache),
-                                    layout.pos if causal else layout.ends(), scale, window, softcap,
-                                    _NO_SINKS if sinks is None else sinks, out)
+                                    layout.pos if causal else layout.ends(),
+                                    layout.items(self.compiled_tile, q.shape[1], cache.k.shape[1]), scale, window,
+                                    softcap, _NO_SINKS if sinks is None else sinks, out)
             return out
         if len(layout.rows):
             out[layout.rows] = _rows(q[layout.rows], cache, layout.slots[layout.rows], layout.pos[layout.rows],

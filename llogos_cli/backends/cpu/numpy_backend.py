@@ -92,9 +92,9 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         self._jit = batched or weights == "quantized"
         if self._jit:
             from llogos_cli.backends.cpu import cpu_glu, cpu_norm, cpu_quant_dequant, cpu_rope
-            from llogos_cli.backends.cpu.cpu_attention import attend_rows, store_rows
+            from llogos_cli.backends.cpu.cpu_attention import TILE, attend, store_rows
             self._norm, self._rope, self._glu, self._dequant = cpu_norm, cpu_rope, cpu_glu, cpu_quant_dequant
-            self.compiled_attention, self.compiled_store = attend_rows, store_rows
+            self.compiled_attention, self.compiled_store, self.compiled_tile = attend, store_rows, TILE
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
