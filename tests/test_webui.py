@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import need
+from tests.conftest import lazy_import, need
 from tests.test_server import KEY, TINY, Server
 
-pytest.importorskip("fastapi")
+lazy_import("fastapi")
 
 CHROMIUM = Path("/usr/bin/chromium")   # Debian's package; `make test` installs it where it can
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
