@@ -1,5 +1,6 @@
 """Shared test fixtures: reference data from ../shared and the installed real models."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -40,6 +41,29 @@ def need(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"reference data not present: {path}")
     return path
+
+
+class LazyModule:
+    """A module's stand-in that imports it at its first public attribute's use. Collection reads a
+    test module's every global, a module's private names too (fixtures behind `__wrapped__`, mocks'
+    `_mock_name`), so a stand-in that answered those would load the module all the same."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def lazy_import(name: str) -> LazyModule:
+    """pytest.importorskip at a module's top, but the module loads when a test first uses it:
+    openai's and anthropic's clients (their types) and fastapi take seconds to import, and every
+    xdist worker collects every test file while only one of them runs it."""
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"could not import {name!r}", allow_module_level=True)
+    return LazyModule(name)
 
 
 def relative_error(ours, expected) -> float:

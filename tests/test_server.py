@@ -13,11 +13,11 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import FIXTURES, need
+from tests.conftest import FIXTURES, lazy_import, need
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
+openai = lazy_import("openai")
+lazy_import("fastapi")
 
 TINY = FIXTURES / "tiny-llama-f32.gguf"
 # Raises for a message saying "forbidden", so that a template failure can be provoked on purpose.

@@ -9,11 +9,12 @@ import httpx
 import jsonschema
 import pytest
 
+from tests.conftest import lazy_import
 from tests.test_cli import env  # noqa: F401  (env is a fixture)
 from tests.test_server import Server
 from tests.test_server_tools import QWEN_TOOLS
 
-anthropic = pytest.importorskip("anthropic")
+anthropic = lazy_import("anthropic")
 
 N_CTX = 1024
 KEY = "sesame"

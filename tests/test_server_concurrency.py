@@ -10,10 +10,11 @@ import httpx
 import jsonschema
 import pytest
 
+from tests.conftest import lazy_import
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
 from tests.test_server import Server
 
-pytest.importorskip("fastapi")
+lazy_import("fastapi")
 
 N_PREDICT = 4
 NEAR_TIE = 0.01   # a reference whose top two log-probabilities are closer than this may flip

@@ -7,11 +7,12 @@ import base64
 import numpy as np
 import pytest
 
+from tests.conftest import lazy_import
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
 from tests.test_embeddings import HERE, TEXTS, assert_close, oracle
 from tests.test_server import Server
 
-openai = pytest.importorskip("openai")
+openai = lazy_import("openai")
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.conftest import lazy_import
 from tests.test_cli import env  # noqa: F401  (env is a fixture)
 from tests.test_server import Server, smol  # noqa: F401  (smol is a fixture: smollm2, 8 slots of 512)
 
-pytest.importorskip("fastapi")
+lazy_import("fastapi")
 
 COMPILE_S = 900   # the first compile of the CPU kernels, which a busy machine may stretch past minutes
 

@@ -12,11 +12,11 @@ import pytest
 
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, need
+from tests.conftest import FIXTURES, lazy_import, need
 from tests.test_cli import env  # noqa: F401  (env is a fixture)
 from tests.test_server import Server, sse_events
 
-openai = pytest.importorskip("openai")
+openai = lazy_import("openai")
 
 TINY = FIXTURES / "tiny-llama-f32.gguf"
 ASK = [{"role": "user", "content": "a b c"}]

@@ -8,10 +8,10 @@ import pytest
 
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from tests.test_cli import env  # noqa: F401  (a fixture)
-from tests.conftest import FIXTURES, need
+from tests.conftest import FIXTURES, lazy_import, need
 from tests.test_server import Server, sse_events
 
-pytest.importorskip("fastapi")
+lazy_import("fastapi")
 
 SYSTEM = ("You are a careful assistant for a small bakery. Answer questions about opening hours, bread, "
           "cakes, allergies and orders in two sentences at most. ") * 6

@@ -10,11 +10,12 @@ import httpx
 import jsonschema
 import pytest
 
+from tests.conftest import lazy_import
 from tests.test_cli import env  # noqa: F401  (env is a fixture)
 from tests.test_server import Server
 from tests.test_server_tools import PERSON, QWEN_TOOLS
 
-openai = pytest.importorskip("openai")
+openai = lazy_import("openai")
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},

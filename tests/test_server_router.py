@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.conftest import need
+from tests.conftest import lazy_import, need
 from tests.vocab_fixtures import FIXTURES
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 from tests.test_server import Server
@@ -26,7 +26,7 @@ from llogos_cli.model.loader import LoadOptions
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.router import HoldModels, Limits, Router
 
-pytest.importorskip("fastapi")
+lazy_import("fastapi")
 
 TINY = ["tiny-olmo2-f32", "tiny-granite-f32", "tiny-smollm3-f32"]
 GREEDY = {"temperature": 0, "ignore_eos": True}

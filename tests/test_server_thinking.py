@@ -4,12 +4,13 @@ whose template has the switch, and the prompts each setting renders for each fam
 
 import pytest
 
+from tests.conftest import lazy_import
 from tests.test_cli import env  # noqa: F401  (env is a fixture)
 from tests.test_server import Server
 from tests.test_server_tools import QWEN_TOOLS, prompt_text
 
-anthropic = pytest.importorskip("anthropic")
-openai = pytest.importorskip("openai")
+anthropic = lazy_import("anthropic")
+openai = lazy_import("openai")
 
 TEMPLATES = QWEN_TOOLS.parent
 ASK = [{"role": "user", "content": "What is two and two?"}]

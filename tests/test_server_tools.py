@@ -7,10 +7,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from tests.conftest import lazy_import
 from tests.test_cli import env  # noqa: F401  (env is a fixture)
 from tests.test_server import Server, sse_events
 
-openai = pytest.importorskip("openai")
+openai = lazy_import("openai")
 
 QWEN_TOOLS = Path(__file__).parent / "chat_templates" / "qwen2.5-tools.jinja"
 WEATHER = {"type": "function", "function": {

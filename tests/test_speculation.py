@@ -11,7 +11,6 @@ import pytest
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 from llogos_cli.engine.batch import BatchEngine, Request
-from llogos_cli.engine.draft_model import DraftModel, check_vocabulary
 from llogos_cli.engine.prefix_cache import BlockManager
 from llogos_cli.engine.sampling import Sampler, SamplingParams
 from llogos_cli.engine.scheduler import Scheduler
@@ -204,54 +203,6 @@ def test_generate_with_speculation_prints_the_same_text_and_the_acceptance(env):
     assert timings["draft_n"] >= timings["draft_n_accepted"] > 0
     assert_one_line_error(llogos(env, *args, "--spec-type", "ngram-simple", "--draft-max", "2", "--draft-min", "3"),
                           "--draft-min")
-
-
-def test_a_draft_model_of_the_same_vocabulary_drafts_and_leaves_the_output_as_it_is():
-    m, tok = load("tiny-llama")
-    draft = Model(GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf")), NumpyBackend())
-    prompt = repetitive_prompt(m.cfg.n_vocab)
-    want, _ = generate(m, tok, prompt, n_logprobs=3)
-    params = SpecParams(spec_draft_model="tiny-llama-q8_0", draft_max=4, draft_p_min=0.0)
-    engine = BatchEngine(m, tok, 1, 256, prefix_cache_bytes=0, speculation=params, draft_model=draft)
-    request = Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(60, ignore_eos=True), 3)
-    got = next(iter(engine.generate([request])))
-    assert got.tokens == want.tokens
-    assert_same_logprobs(got, want)
-    assert got.timings.draft_n_accepted > 0   # the quantized copy agrees with its original most of the time
-
-
-def test_a_draft_model_stops_below_draft_p_min():
-    m, tok = load("tiny-llama")
-    prompt = repetitive_prompt(m.cfg.n_vocab)
-    sure, unsure = (SpecParams(spec_draft_model="tiny-llama", draft_max=4, draft_p_min=p) for p in (0.0, 1.0))
-    assert DraftModel(sure, m, 1, 256).draft(_decoding_row(m, tok, prompt)) != []
-    assert DraftModel(unsure, m, 1, 256).draft(_decoding_row(m, tok, prompt)) == []   # no token of it is certain
-
-
-def _decoding_row(m, tok, prompt):
-    engine = BatchEngine(m, tok, 1, 256, prefix_cache_bytes=0)
-    engine.add(Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(20, ignore_eos=True)))
-    engine.step()
-    return engine.scheduler.running[0]
-
-
-def test_a_draft_model_must_share_the_vocabulary():
-    _, tok = load("tiny-llama")
-    other = Tokenizer.from_gguf(GGUFFile(need(OWN_FIXTURES / "vocab-o200k.gguf")))
-    check_vocabulary(tok, tok)
-    with pytest.raises(LlogosError, match="vocabulary"):
-        check_vocabulary(tok, other)
-    with pytest.raises(LlogosError, match="either --spec-type or a draft model"):
-        SpecParams("ngram-simple", spec_draft_model="x")
-
-
-def test_generate_with_a_draft_model(env):
-    args = ["generate", "-m", str(need(FIXTURES / "tiny-llama-f32.gguf")), "--tokens",
-            ",".join(map(str, repetitive_prompt(512))), "-n", "40", "--temp", "0", "--ignore-eos"]
-    plain = llogos(env, *args)
-    drafted = llogos(env, *args, "-md", str(need(FIXTURES / "tiny-llama-q8_0.gguf")), "--draft-p-min", "0", "--stats")
-    assert drafted.returncode == 0, drafted.stderr
-    assert drafted.stdout == plain.stdout and "draft acceptance" in drafted.stderr
 
 
 def test_the_cuda_backend_runs_the_speculative_step(monkeypatch):

@@ -1,5 +1,6 @@
-"""A draft model (-md) drafting for many rows at once: a batch's rows and a server's slots, each in
-its slot of the draft model's cache, with the output as it is without it."""
+"""A draft model (-md): one of the target's vocabulary drafts until it is unsure (--draft-p-min) and
+leaves the output as it is without it, in generate and for many rows at once: a batch's rows and a
+server's slots, each in its slot of the draft model's cache."""
 
 import json
 
@@ -8,14 +9,18 @@ import pytest
 
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.engine.batch import BatchEngine, Request
+from llogos_cli.engine.draft_model import DraftModel, check_vocabulary
 from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.engine.stops import StopCriteria
+from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
+from llogos_cli.tokenizer.tokenizer import Tokenizer
 from tests.conftest import FIXTURES, need
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
-from tests.test_speculation import load, repetitive_prompt
+from tests.test_prefix_reuse import OWN_FIXTURES
+from tests.test_speculation import assert_same_logprobs, generate, load, repetitive_prompt
 
 TARGET, DRAFT = FIXTURES / "tiny-llama-f32.gguf", FIXTURES / "tiny-llama-q8_0.gguf"
 
@@ -78,3 +83,51 @@ def test_the_server_drafts_with_a_draft_model_per_slot(env, tmp_path):
                        "--temp", "0", "--ignore-eos")
         assert text == plain.stdout
     assert metrics["llogos_draft_tokens_total"] >= metrics["llogos_draft_tokens_accepted_total"] > 0
+
+
+def test_a_draft_model_of_the_same_vocabulary_drafts_and_leaves_the_output_as_it_is():
+    m, tok = load("tiny-llama")
+    draft = Model(GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf")), NumpyBackend())
+    prompt = repetitive_prompt(m.cfg.n_vocab)
+    want, _ = generate(m, tok, prompt, n_logprobs=3)
+    params = SpecParams(spec_draft_model="tiny-llama-q8_0", draft_max=4, draft_p_min=0.0)
+    engine = BatchEngine(m, tok, 1, 256, prefix_cache_bytes=0, speculation=params, draft_model=draft)
+    request = Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(60, ignore_eos=True), 3)
+    got = next(iter(engine.generate([request])))
+    assert got.tokens == want.tokens
+    assert_same_logprobs(got, want)
+    assert got.timings.draft_n_accepted > 0   # the quantized copy agrees with its original most of the time
+
+
+def test_a_draft_model_stops_below_draft_p_min():
+    m, tok = load("tiny-llama")
+    prompt = repetitive_prompt(m.cfg.n_vocab)
+    sure, unsure = (SpecParams(spec_draft_model="tiny-llama", draft_max=4, draft_p_min=p) for p in (0.0, 1.0))
+    assert DraftModel(sure, m, 1, 256).draft(_decoding_row(m, tok, prompt)) != []
+    assert DraftModel(unsure, m, 1, 256).draft(_decoding_row(m, tok, prompt)) == []   # no token of it is certain
+
+
+def _decoding_row(m, tok, prompt):
+    engine = BatchEngine(m, tok, 1, 256, prefix_cache_bytes=0)
+    engine.add(Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(20, ignore_eos=True)))
+    engine.step()
+    return engine.scheduler.running[0]
+
+
+def test_a_draft_model_must_share_the_vocabulary():
+    _, tok = load("tiny-llama")
+    other = Tokenizer.from_gguf(GGUFFile(need(OWN_FIXTURES / "vocab-o200k.gguf")))
+    check_vocabulary(tok, tok)
+    with pytest.raises(LlogosError, match="vocabulary"):
+        check_vocabulary(tok, other)
+    with pytest.raises(LlogosError, match="either --spec-type or a draft model"):
+        SpecParams("ngram-simple", spec_draft_model="x")
+
+
+def test_generate_with_a_draft_model(env):
+    args = ["generate", "-m", str(need(FIXTURES / "tiny-llama-f32.gguf")), "--tokens",
+            ",".join(map(str, repetitive_prompt(512))), "-n", "40", "--temp", "0", "--ignore-eos"]
+    plain = llogos(env, *args)
+    drafted = llogos(env, *args, "-md", str(need(FIXTURES / "tiny-llama-q8_0.gguf")), "--draft-p-min", "0", "--stats")
+    assert drafted.returncode == 0, drafted.stderr
+    assert drafted.stdout == plain.stdout and "draft acceptance" in drafted.stderr
