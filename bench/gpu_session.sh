@@ -41,6 +41,10 @@
 # call of ~3.5 minutes (tests 61 s, bench-small 57 s, bench-8b 47 s, a fresh machine ~35 s), with
 # a BUDGET_S for each stage: BUDGET_S=130 gpu_session.sh tests; BUDGET_S=170 ... bench-small; ...
 #
+# The second H100 session (2026-11-28): a fresh machine ~35 s; tests 69-74 s on a fresh machine (kernels
+# compiling; 20 s warm), bench-small 47 s, bench-8b 35 s, longctx 20 s, bench-moe 150-160 s. The tree now
+# travels at ~16 MB, so .gpu + .whl + one SmolLM2 part (79 MB) no longer fit a call: carry [".gpu", ".whl"].
+#
 # A call stays under BUDGET_S (570 s): every step runs with what is left of it, so the call returns
 # its logs before the 10-minute limit. A call may find a fresh machine, so each call installs what
 # it needs. Everything goes under $OUT (at most 8 files): steps.log holds each step's exit status
