@@ -33,10 +33,11 @@ STEPS = [        # (sequence, tokens): prompt chunks and decode rows mixed, as t
 ]
 
 
-# Every family with a float32 fixture, ../shared's and this repository's, but the embedding models'
-# (tiny-*-embed: test_embeddings.py), which need not have an LM head.
+# Every family with a float32 fixture, ../shared's and this repository's, but the embedding and
+# reranking models' (tiny-*-embed: test_embeddings.py; tiny-*-rerank: test_rerank.py), which need not
+# have an LM head.
 ALL_FAMILIES = sorted({p.name[:-len("-f32.gguf")] for d in (FIXTURES, OWN_FIXTURES) for p in d.glob("*-f32.gguf")
-                       if not p.name.endswith("-embed-f32.gguf")} | set(FAMILIES) | set(NEW_FAMILIES))
+                       if not p.name.endswith(("-embed-f32.gguf", "-rerank-f32.gguf"))} | set(FAMILIES) | set(NEW_FAMILIES))
 
 
 def load_any(name: str) -> tuple[Model, Tokenizer]:
