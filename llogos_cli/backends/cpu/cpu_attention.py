@@ -9,7 +9,8 @@ positions those are megabytes a layer, more than the second-level cache holds (d
 
 The softmax is online: each query keeps the largest score so far, the sum of its exponentials and
 the probability-weighted sum of values, rescaled when a later chunk brings a larger score. Chunks
-lie at fixed positions (multiples of CHUNK and of the cache's block size, counted from position 0),
+lie at fixed positions (multiples of CHUNK, counted from position 0; one may span blocks of a paged
+cache, read block by block),
 and each query's sums run over them in order whatever item it is in, so that a token's result does
 not depend on how its prompt was cut into steps: one step, several, a prefix-cache hit or a token at
 a time give the same bits, where one rounding apart in a layer grows past the 8-bit activations of
@@ -72,30 +73,34 @@ def _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
             firsts[t - t0] = max(np.int64(0), np.int64(last[t]) + 1 - window) if window > 0 else np.int64(0)
         scores = np.empty(CHUNK, np.float32)
         j0 = firsts.min()
-        j0 = max(j0 - j0 % CHUNK, j0 - j0 % B)       # the chunk that holds it
+        j0 -= j0 % CHUNK                             # the chunk that holds it
         end = np.int64(last[t0:t1].max()) + 1
         while j0 < end:
-            block = j0 // B
-            j1 = min(j0 - j0 % CHUNK + CHUNK, (block + 1) * B, end)   # a chunk lies in one block of the cache
-            row0 = (np.int64(blocks[t0, block]) * n_kv + g) * B - block * B   # flat row of position 0
+            j1 = min(j0 + CHUNK, end)                # a chunk may span blocks of the cache: read block by block
             for m in range(n_q):
                 t = t0 + m // heads
                 a, b = max(j0, firsts[t - t0]), min(j1, np.int64(last[t]) + 1)
                 if a >= b:
                     continue
-                j = a
-                while wide and j + KEYS <= b:
-                    if streamed:
-                        key_scores(k, (row0 + j) * dk, qs[m], scores, j - a)
-                    else:
-                        cached_key_scores(k, (row0 + j) * dk, qs[m], scores, j - a)
-                    j += KEYS
-                for j in range(j, b):
-                    key = k[blocks[t0, block], g, j - block * B]
-                    s = np.float32(0)
-                    for i in range(dk):
-                        s += qs[m, i] * key[i]
-                    scores[j - a] = s
+                s0 = a
+                while s0 < b:
+                    block = s0 // B
+                    s1 = min(b, (block + 1) * B)
+                    row0 = (np.int64(blocks[t0, block]) * n_kv + g) * B - block * B   # flat row of position 0
+                    j = s0
+                    while wide and j + KEYS <= s1:
+                        if streamed:
+                            key_scores(k, (row0 + j) * dk, qs[m], scores, j - a)
+                        else:
+                            cached_key_scores(k, (row0 + j) * dk, qs[m], scores, j - a)
+                        j += KEYS
+                    for j in range(j, s1):
+                        key = k[blocks[t0, block], g, j - block * B]
+                        s = np.float32(0)
+                        for i in range(dk):
+                            s += qs[m, i] * key[i]
+                        scores[j - a] = s
+                    s0 = s1
                 n = b - a
                 if softcap != 0:
                     for j in range(n):
@@ -114,17 +119,23 @@ def _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
                     scores[j] = exp32(scores[j] - high)
                     added += scores[j]
                 total[m] += added
-                j = a
-                while wide and j + KEYS <= b:
-                    if streamed:
-                        value_sums(v, (row0 + j) * dv, scores, j - a, acc[m])
-                    else:
-                        cached_value_sums(v, (row0 + j) * dv, scores, j - a, acc[m])
-                    j += KEYS
-                for j in range(j, b):
-                    p, value = scores[j - a], v[blocks[t0, block], g, j - block * B]
-                    for i in range(dv):
-                        acc[m, i] += p * value[i]
+                s0 = a
+                while s0 < b:
+                    block = s0 // B
+                    s1 = min(b, (block + 1) * B)
+                    row0 = (np.int64(blocks[t0, block]) * n_kv + g) * B - block * B
+                    j = s0
+                    while wide and j + KEYS <= s1:
+                        if streamed:
+                            value_sums(v, (row0 + j) * dv, scores, j - a, acc[m])
+                        else:
+                            cached_value_sums(v, (row0 + j) * dv, scores, j - a, acc[m])
+                        j += KEYS
+                    for j in range(j, s1):
+                        p, value = scores[j - a], v[blocks[t0, block], g, j - block * B]
+                        for i in range(dv):
+                            acc[m, i] += p * value[i]
+                    s0 = s1
             j0 = j1
         for m in range(n_q):
             t, h = t0 + m // heads, h0 + m % heads
