@@ -136,7 +136,7 @@ stash_model() {
 # collect, the files carried for a session are in place (a warning only: prepare makes them).
 dry_run_checks() {
     local python=${DRY_PYTHON:-.venv/bin/python} script failed=0
-    [[ -x $python ]] || python=python3
+    [[ -x $python ]] && python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python") || python=python3
     for script in bench_cuda bench_longctx launch_budget; do
         if ! PYTHONPATH=$PWD "$python" "bench/$script.py" --help >/dev/null 2>"$OUT/dry-run.log"; then
             log "dry-run: bench/$script.py --help fails (dry-run.log)"
