@@ -5,6 +5,8 @@
 // weights to int8 and copies the tokens' activations into shared memory, and each warp then
 // multiplies 32 rows by 32 tokens, one 16 x 8 x 32 product per run: a run is one scale of the
 // weights and one step of the activations, applied in float to that product's integer sums.
+// Tiles of the same rows are neighbours in the grid (blockIdx.x the token tile), so a prompt's
+// token tiles read each weight tile from L2 rather than memory.
 #include "common.cuh"
 #include "mma_runs.cuh"
 #include "mma_s8.cuh"
@@ -16,6 +18,13 @@
 // Bytes a staged row takes: 16 past its runs put the 8 rows a fragment load reads (4 bytes at
 // 4t of row g) in 32 different banks.
 #define MMQ_STRIDE (MMQ_RUNS * 32 + 16)
+// A product starts its sums at the bits of 1.5 * 2^23: for |sum| < 2^22 (a run's is at most
+// 32 * 127 * 127) the result's bits are the float 1.5 * 2^23 + sum exactly, so one full-rate add
+// takes the sum to float instead of the quarter-rate int-to-float conversion.
+#define MMQ_SUM_BIAS 0x4B400000
+#define MMQ_SUM_BIAS_F 12582912.0f
+
+__device__ __forceinline__ float sum_to_f32(int c) { return __uint_as_float((u32)c) - MMQ_SUM_BIAS_F; }
 
 template <class Q>
 __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows, int ntok) {
@@ -26,7 +35,7 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
     u8* wq = (u8*)w_s;
     u8* xq_s = (u8*)x_s;
 
-    const int row0 = blockIdx.x * MMQ_ROWS, tok0 = blockIdx.y * MMQ_TOKENS;
+    const int row0 = blockIdx.y * MMQ_ROWS, tok0 = blockIdx.x * MMQ_TOKENS;
     const int nruns = ncols / 32, nblocks = ncols / Q::QK;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     const int wrow = 32 * (warp % 4), wtok = 32 * (warp / 4);  // the warp's rows and tokens in the tile
@@ -41,9 +50,16 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
             const int run = run0 + k, per_block = Q::QK / 32;
             u32 v[8];
             wd_s[r][k] = Q::run((const typename Q::block*)w + (i64)row * nblocks + run / per_block, run % per_block, v);
-            u32* dst = (u32*)(wq + r * MMQ_STRIDE + 32 * k);
+            uint4* dst = (uint4*)(wq + r * MMQ_STRIDE + 32 * k);
 #pragma unroll
-            for (int j = 0; j < 8; j++) dst[j] = v[j];
+            for (int h = 0; h < 2; h++) {
+                uint4 q;
+                q.x = v[4 * h];
+                q.y = v[4 * h + 1];
+                q.z = v[4 * h + 2];
+                q.w = v[4 * h + 3];
+                dst[h] = q;
+            }
         }
         for (int i = threadIdx.x; i < MMQ_TOKENS * MMQ_RUNS; i += MMQ_THREADS) {
             const int n = i / MMQ_RUNS, k = i % MMQ_RUNS, tok = tok0 + n;
@@ -92,21 +108,22 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
                 for (int ni = 0; ni < 4; ni++) {
                     if constexpr (Q::HALVES) {  // elements 0-15 and 16-31 in products of their own
                         const u32 a_lo[4] = {a[mi][0], a[mi][1], 0u, 0u}, a_hi[4] = {0u, 0u, a[mi][2], a[mi][3]};
-                        int lo[4] = {}, hi[4] = {};
+                        int lo[4] = {MMQ_SUM_BIAS, MMQ_SUM_BIAS, MMQ_SUM_BIAS, MMQ_SUM_BIAS};
+                        int hi[4] = {MMQ_SUM_BIAS, MMQ_SUM_BIAS, MMQ_SUM_BIAS, MMQ_SUM_BIAS};
                         mma_s8_16x8x32(lo, a_lo, b[ni]);
                         mma_s8_16x8x32(hi, a_hi, b[ni]);
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
                             const float2 s = wd[mi][i / 2];
-                            acc[mi][ni][i] += xd[ni][i % 2].x * (s.x * (float)lo[i] + s.y * (float)hi[i]);
+                            acc[mi][ni][i] += xd[ni][i % 2].x * (s.x * sum_to_f32(lo[i]) + s.y * sum_to_f32(hi[i]));
                         }
                     } else {
-                        int c[4] = {};
+                        int c[4] = {MMQ_SUM_BIAS, MMQ_SUM_BIAS, MMQ_SUM_BIAS, MMQ_SUM_BIAS};
                         mma_s8_16x8x32(c, a[mi], b[ni]);
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
                             const float2 s = wd[mi][i / 2], x = xd[ni][i % 2];
-                            acc[mi][ni][i] += s.x * x.x * (float)c[i] + s.y * x.y;
+                            acc[mi][ni][i] += s.x * x.x * sum_to_f32(c[i]) + s.y * x.y;
                         }
                     }
                 }

@@ -208,7 +208,7 @@ def matmul_q8_mma(k, x8: tuple, w: QuantMatrix, y) -> None:
     check(y, np.float32, "y")
     assert w.qtype in INT8_TYPES and xq.shape[1] == w.cols and y.shape == (xq.shape[0], w.rows)
     k.function("matmul_q8_mma", f"matmul_q8_mma_{TYPE_SUFFIX[w.qtype]}")(
-        (cdiv(w.rows, MMQ_ROWS), cdiv(xq.shape[0], MMQ_TOKENS)), (MMQ_THREADS,),
+        (cdiv(xq.shape[0], MMQ_TOKENS), cdiv(w.rows, MMQ_ROWS)), (MMQ_THREADS,),
         (w.raw, xq, xs, y, np.int32(w.cols), np.int32(w.rows), np.int32(xq.shape[0])))
 
 
