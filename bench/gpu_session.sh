@@ -25,6 +25,11 @@
 #                    per-kernel summary in nsys-<shape>.txt
 #       bench-float  llogos alone with float32 activations in every product (LLOGOS_CUDA_PRODUCTS=float):
 #                    the same-machine baseline for the 8-bit ones; FLOAT_MODELS=a,b (default llama-8b,llama-1b)
+#       prefill      prompt products alone, int8 tensor cores against f16 dequantize + cuBLAS, per type
+#                    and shape at 512 and 64 tokens (bench/bench_prefill.py); then PREFILL_MODELS
+#                    (default smollm2-135m,llama-1b,llama-8b) beside llama.cpp with batches of 64, and
+#                    again with float32 activations (LLOGOS_CUDA_PRODUCTS=float: the f16 GEMM path) as
+#                    the same-machine baseline
 #       real         the SmolLM2 tests of tests/test_cuda_gpu.py, once its parts are assembled
 #       embeddings   the encoder ops and embeddings of tests/test_cuda_gpu.py (emu/encoder_suite.py,
 #                    llogos embed and serve's /v1/embeddings with --backend cuda) on the embedding fixtures
@@ -137,7 +142,7 @@ stash_model() {
 dry_run_checks() {
     local python=${DRY_PYTHON:-.venv/bin/python} script failed=0
     [[ -x $python ]] && python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python") || python=python3
-    for script in bench_cuda bench_longctx launch_budget; do
+    for script in bench_cuda bench_longctx bench_prefill launch_budget; do
         if ! PYTHONPATH=$PWD "$python" "bench/$script.py" --help >/dev/null 2>"$OUT/dry-run.log"; then
             log "dry-run: bench/$script.py --help fails (dry-run.log)"
             failed=1
@@ -223,7 +228,16 @@ nsys_decode() {
     done
 }
 
-STAGES="tests|bench-small|bench-8b|bench-moe|bench-float|longctx|nsys|real|embeddings"
+prefill() {
+    local models=${PREFILL_MODELS:-smollm2-135m,llama-1b,llama-8b}
+    step prefill-products "$PYTHON" bench/bench_prefill.py --json "$OUT/prefill-products.json" 2>&1 |
+        tee "$OUT/prefill-products.log"
+    bench prefill "$models" --batch-sizes 64
+    LLOGOS_CUDA_PRODUCTS=float step prefill-f16 "$PYTHON" bench/bench_cuda.py --models "$models" --dir "$MODELS_DIR" \
+        --batch-sizes 64 --json "$OUT/prefill-f16.json" 2>&1 | tee "$OUT/prefill-f16.log"
+}
+
+STAGES="tests|bench-small|bench-8b|bench-moe|bench-float|longctx|nsys|prefill|real|embeddings"
 usage="usage: bench/gpu_session.sh prepare | [dry-run] STAGE... (${STAGES//|/, })"
 (( $# )) || { echo "$usage" >&2; exit 2; }
 if [[ $1 == prepare ]]; then
@@ -243,6 +257,7 @@ for stage; do
         bench-float) LLOGOS_CUDA_PRODUCTS=float step bench-float "$PYTHON" bench/bench_cuda.py --models "${FLOAT_MODELS:-llama-8b,llama-1b}" \
                          --dir "$MODELS_DIR" --batch-sizes 1 --json "$OUT/bench-float.json" 2>&1 | tee "$OUT/bench-float.log" ;;
         longctx) longctx ;;
+        prefill) prefill ;;
         nsys) NSYS_MODELS=${NSYS_MODELS:-smollm2-135m,llama-1b} nsys_decode ;;
         real) tests real -k "smollm2_" ;;
         embeddings) tests embeddings -k "encoder_ or embeddings or cli_embed" ;;

@@ -114,9 +114,30 @@ def test_the_benchmark_runs_through_under_the_emulator(bench_cuda, monkeypatch, 
     # Matrices this small stay on float32 activations (cuda_matmul.INT8_MIN_BYTES).
     assert {"delta_net_f32", "ssm_conv_f32", "matvec_q4_K", "matvec_q6_K", "attention_f16_f16"} <= kernels, kernels
     assert record["models"][spec.name]["llogos"]["decode_step_ms"]["matvec_gpu"] > 0
+    # The prompt's products with the int8 types on tensor cores (the emulator has them), not f16 GEMMs.
+    prefill = {name for name, count, _ in record["models"][spec.name]["prefill_kernels"] if count}
+    assert {"matmul_q8_mma_q4_K", "matmul_q8_mma_q6_K"} <= prefill and "dequantize_q4_K" not in prefill, prefill
     assert {p["type"] for p in products} == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"}
     # One token with 1 and 2 rows a warp on both shapes, 4 tokens on the first: 5 a type; the 5
     # types with integer products the same 4 one-token variants on 8-bit activations. One chosen a shape.
     assert len(products) == 9 * 5 + 5 * 4 and sum(p["chosen"] for p in products if p["tokens"] == 1) == 9 * 2
     assert {p["type"] for p in products if p["activations"] == "int8" and p["chosen"]} == {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"}
     bench_cuda.report([result], products, 3000.0)
+
+
+def test_prompt_products_benchmark_runs_both_paths_under_the_emulator(monkeypatch):
+    """bench/bench_prefill.py: every int8 type through matmul_q8_mma and through dequantize + GEMM,
+    one row each, and its table."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    from tests.emu.emulator import EmuKernels
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
+    monkeypatch.syspath_prepend(str(BENCH))
+    bench_prefill = importlib.import_module("bench_prefill")
+    backend = CudaBackend(EmuKernels())
+    rows = bench_prefill.bench_prompt_products((40,), shapes=((64, 512),), reps=1, backend=backend)
+    assert sorted((r["type"], r["path"]) for r in rows) == sorted((t, p) for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
+                                                                for p in ("int8", "f16"))
+    assert all(r["us"] == 500.0 and r["TOPS"] == 2 * 40 * 64 * 512 / 0.5 / 1e9 for r in rows)
+    assert {"matmul_q8_mma_q4_K", "dequantize_q4_K", "quantize_q8"} <= set(backend.kernels.launched)
+    bench_prefill.report(rows)

@@ -110,3 +110,30 @@ inline unsigned short f32_to_f16(float f) {
     const unsigned rounded = a + 0xFFF + ((a >> 13) & 1);  // round to nearest even on bit 13
     return (unsigned short)(sign | ((rounded - (112u << 23)) >> 13));
 }
+
+// PTX mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 for a whole warp (cuda/mma_s8.cuh): each lane
+// publishes its fragments, and each lane's four sums take the rows of A and columns of B from
+// the lanes that PTX's fragment layout puts them in, so a kernel that fills fragments wrongly
+// gets wrong sums here as on a GPU. The exchanges are warp barriers around the fragments' buffer.
+inline void mma_s8_16x8x32(int c[4], const unsigned a[4], const unsigned b[2]) {
+    static unsigned frags[32][32][6];  // [warp][lane]: a[0..3], b[0..1]
+    const uint3& t = emu::thread_idx();
+    const int warp = (int)((t.z * emu::block_dim.y + t.y) * emu::block_dim.x + t.x) / 32, lane = emu::lane();
+    for (int i = 0; i < 4; i++) frags[warp][lane][i] = a[i];
+    for (int i = 0; i < 2; i++) frags[warp][lane][4 + i] = b[i];
+    emu::exchange(0, lane);  // every lane's fragments are in
+    auto a_at = [&](int row, int k) {  // A[row][k]: register (row >= 8) + 2 (k >= 16) of lane 4 (row % 8) + (k % 16) / 4
+        const unsigned r = frags[warp][4 * (row % 8) + (k % 16) / 4][(row >= 8) + 2 * (k >= 16)];
+        return (int)(signed char)(r >> (8 * (k % 4)));
+    };
+    auto b_at = [&](int k, int col) {  // B[k][col]: register (k >= 16) of lane 4 col + (k % 16) / 4
+        const unsigned r = frags[warp][4 * col + (k % 16) / 4][4 + (k >= 16)];
+        return (int)(signed char)(r >> (8 * (k % 4)));
+    };
+    const int g = lane / 4, tg = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i / 2), col = 2 * tg + i % 2;
+        for (int k = 0; k < 32; k++) c[i] += a_at(row, k) * b_at(k, col);
+    }
+    emu::exchange(0, lane);  // every lane has read them before any lane writes the next
+}

@@ -100,6 +100,25 @@ def test_decoding_with_8_bit_activations(backend, name, monkeypatch):
         assert relative(got, want) < 8e-2, len(chunk)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-gemma3-q8_0"])
+def test_long_prompts_with_8_bit_activations(backend, name):
+    """Past GEMM_MIN_TOKENS, int8 products take the prompt's 8-bit activations on int8 tensor
+    cores (matmul_q8_mma) instead of dequantizing the weights for f16 GEMMs: the logits within the
+    few-token 8-bit products' 8e-2 of float32's range (test_decoding_with_8_bit_activations)."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    f = GGUFFile(need(FIXTURES / f"{name}.gguf"))
+    int8 = CudaBackend(backend.kernels, "int8")
+    cpu, gpu = Model(f, NumpyBackend()), Model(f, int8)
+    ids = np.random.default_rng(6).integers(0, cpu.cfg.n_vocab, cuda_matmul.GEMM_MIN_TOKENS + 8)
+    launched = len(getattr(int8.kernels, "launched", ()))
+    got = int8.to_host(gpu.forward_seq(gpu.new_context(64, "f32", "f32"), ids, all_logits=True))
+    if hasattr(int8.kernels, "launched"):
+        assert "matmul_q8_mma_q8_0" in int8.kernels.launched[launched:]
+        assert "dequantize_q8_0" not in int8.kernels.launched[launched:]
+    want = cpu.forward_seq(cpu.new_context(64, "f32", "f32"), ids, all_logits=True)
+    assert relative(got, want) < 8e-2
+
+
 @pytest.mark.parametrize("cache", ["f32", "q8_0"])
 def test_long_prompt(backend, cache):
     """Past GEMM_MIN_TOKENS the products go through f16 GEMMs: agreement to ~1e-3, and q8_0 caches

@@ -187,6 +187,33 @@ def test_a_token_s_8_bit_product_does_not_depend_on_the_tokens_beside_it(backend
             np.testing.assert_array_equal(host(backend, alone)[0], together[t])
 
 
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.INT8_TYPES, key=int), ids=lambda t: t.name)
+def test_prompt_products_on_int8_tensor_cores(backend, qtype):
+    """matmul_q8_mma on partial tiles of rows and tokens, with a partial stage of runs for the
+    32-element types and a zero run: up to float32 rounding the 8-bit activations as quantize_q8
+    made them times the weights, so each fragment of the int8 products sits where PTX puts it
+    (a lane's bytes in another row or run would be off by the products' size); and within the
+    activations' rounding of x · Wᵀ."""
+    rng = np.random.default_rng(int(qtype) + 60)
+    rows, n_tok = cuda_matmul.MMQ_ROWS + 3, cuda_matmul.MMQ_TOKENS + 6
+    cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    raw = random_weights(rng, qtype, rows, cols)
+    w = backend.matrix(raw, qtype, matmul=True)
+    x = (rng.standard_normal((n_tok, cols)) * np.exp(rng.uniform(-2, 2, (n_tok, 1)))).astype(np.float32)
+    x[:, 32:64] = 0.0
+    x8 = cuda_matmul.quantize_q8(backend.kernels, backend.xp.asarray(x))
+    y = backend.xp.full((n_tok, rows), np.nan, np.float32)
+    cuda_matmul.matmul_q8_mma(backend.kernels, x8, w, y)
+    if hasattr(backend.kernels, "launched"):
+        assert backend.kernels.launched[-1] == f"matmul_q8_mma_{cuda_matmul.TYPE_SUFFIX[qtype]}"
+    xq, xs = (host(backend, a).astype(np.float64) for a in x8)
+    rounded = (xq.reshape(n_tok, -1, 32) * xs[..., :1]).reshape(n_tok, cols)
+    dense = reference(raw, qtype).astype(np.float64)
+    got = host(backend, y).astype(np.float64)
+    assert_close(got, rounded @ dense.T, rtol=1e-5, scale=np.abs(rounded) @ np.abs(dense).T)
+    assert np.all(np.abs(got - x @ dense.T) <= int8_product_bound(x, dense))
+
+
 @pytest.mark.parametrize("big", [True, False])
 def test_products_sharing_an_input_with_8_bit_activations(backend, big, monkeypatch):
     """A backend with int8 products: below GEMM_MIN_TOKENS, products with matrices of INT8_TYPES
@@ -643,7 +670,8 @@ def test_attention_writes_the_output_projection_s_8_bit_input(backend, runs, dv,
     got = int8.matmul(x, wm)
     written = cuda_attention.fused_only(layout) and dv % cuda_matmul.Q8_RUN == 0
     if hasattr(int8.kernels, "launched"):
-        quantized_apart = not written and x.shape[0] < cuda_matmul.GEMM_MIN_TOKENS   # (a GEMM takes floats)
+        # (many tokens take 8 bits on int8 tensor cores, else floats in an f16 GEMM)
+        quantized_apart = not written and (x.shape[0] < cuda_matmul.GEMM_MIN_TOKENS or int8.kernels.int8_mma)
         assert ("quantize_q8" in int8.kernels.launched[launched:]) == quantized_apart
     if written:
         for fused, apart in zip(int8._x8[1], cuda_matmul.quantize_q8(backend.kernels, x)):

@@ -2,7 +2,8 @@
 
 Weights are uploaded as their GGUF bytes and decoded inside the kernels; activations are float32
 (few-token products with big matrices take them in 8 bits, cuda_matmul.int8_pays: quantized by the
-RMSNorm or GLU that made them, else on the way in);
+RMSNorm or GLU that made them, else on the way in; so do prompts' products with the int8 types on
+a GPU with int8 tensor cores, cuda_matmul.mma_pays);
 the KV cache defaults to f16 (f32, q8_0, q4_0 and iq4_nl on request, like llama.cpp's --cache-type-k/-v).
 Kernels are reached through a provider: cuda_kernels.CudaKernels (CuPy) on a GPU, the CPU
 emulator in the tests.
@@ -30,6 +31,7 @@ from llogos_cli.backends.cuda.cuda_matmul import (
     Scratch,
     get_rows,
     int8_pays,
+    mma_pays,
     matmul,
     q8_buffers,
     quantize_q8,
@@ -57,7 +59,8 @@ class CudaBackend:
     encoders = True              # layernorm, gelu and attention that is not causal (BERT)
 
     def __init__(self, kernels=None, products: str | None = None):
-        """products: "int8" (a few tokens' products with INT8_TYPES multiply 8-bit activations) or
+        """products: "int8" (products with INT8_TYPES multiply 8-bit activations: a few tokens' with
+        big matrices, and many tokens' where the GPU has int8 tensor cores) or
         "float" (float32 activations throughout); default LLOGOS_CUDA_PRODUCTS, else int8."""
         self.products = choose_products(products)
         if kernels is None:
@@ -152,7 +155,8 @@ class CudaBackend:
         the RMSNorm or GLU that made x, where it did). add: one product's residual (matmul_add)."""
         made = self._made_for(x)
         x, x8 = self._c(x), None
-        if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and int8_pays(ws):
+        pays = int8_pays(ws) if x.shape[0] < GEMM_MIN_TOKENS else mma_pays(self.kernels, ws)
+        if self.products == "int8" and pays:
             x8 = made if made is not None else quantize_q8(self.kernels, x)
         assert add is None or len(ws) == 1
         ys = []

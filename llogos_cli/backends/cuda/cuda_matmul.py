@@ -7,7 +7,9 @@ multiplied on tensor cores, which costs ~4.5 bytes of traffic per weight instead
 serves every token at once. Below that, products with the common types can instead take the
 activations quantized to 8 bits (quantize_q8) and multiply in integer dot products
 (matvec_q8.cu, as llama.cpp's mmvq): a quarter of the activation traffic, at the cost of the
-activations' rounding (half a step of max |x| / 127 per run of 32).
+activations' rounding (half a step of max |x| / 127 per run of 32). Many tokens' products with
+those types can likewise take 8-bit activations, on int8 tensor cores where the GPU has them
+(matmul_q8_mma.cu, as llama.cpp's MMQ): W read once as stored, never dequantized to float16.
 """
 
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ Q8_RUN = 32              # activations quantized per run of this many, each with
 INT8_MIN_BYTES = 1 << 20
 # From this many tokens on, one f16 GEMM beats re-reading the quantized weights every 8 tokens.
 GEMM_MIN_TOKENS = 32
+# Tiles of the tensor-core products (matmul_q8_mma.cu): weight rows and tokens a thread block.
+MMQ_ROWS, MMQ_TOKENS, MMQ_THREADS = 128, 64, 256
 SCRATCH_ELEMENTS = 1 << 25  # f16 dequantization buffer (64 MiB): bigger matrices go in row chunks
 _THREADS = 256
 
@@ -89,8 +93,9 @@ def upload(xp, raw: np.ndarray, qtype: QType, in_products: bool) -> QuantMatrix:
 
 def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None, add=None):
     """x (T, in) float32 · W (out, in)ᵀ -> (T, out) float32, plus add (T, out) where given (in the
-    matrix-vector kernels' epilogue); below GEMM_MIN_TOKENS, products with a matrix of INT8_TYPES
-    multiply x8 (quantize_q8(k, x)) instead where given."""
+    matrix-vector kernels' epilogue); products with a matrix of INT8_TYPES multiply x8
+    (quantize_q8(k, x)) instead where given: below GEMM_MIN_TOKENS in matvec_q8, from there on in
+    matmul_q8_mma."""
     check(x, np.float32, "x")
     n_tok = x.shape[0]
     assert x.shape[1] == w.cols, f"x has {x.shape[1]} features, the matrix {w.cols}"
@@ -105,6 +110,9 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None, add=None):
             else:
                 matvec(k, x[t0:t1], w, y[t0:t1], add=rows)
         return y
+    if x8 is not None and w.qtype in INT8_TYPES:
+        matmul_q8_mma(k, x8, w, y)
+        return y if add is None else cuda_ops.add(k, add, y)
     x16 = k.xp.empty(x.shape, np.float16)
     dequantize(k, x.view(np.uint8), QType.F32, x16)  # as astype(float16), in a kernel the emulator's graphs replay too
     buf, chunk = scratch.rows(w)
@@ -159,6 +167,12 @@ def int8_pays(ws: list[QuantMatrix]) -> bool:
     return any(w.qtype in INT8_TYPES for w in ws) and max(w.raw.nbytes for w in ws) >= INT8_MIN_BYTES
 
 
+def mma_pays(k, ws: list[QuantMatrix]) -> bool:
+    """Whether many tokens' products sharing an input are worth quantizing it for: where the GPU
+    has int8 tensor cores and one of the matrices has a type matmul_q8_mma takes."""
+    return k.int8_mma and any(w.qtype in INT8_TYPES for w in ws)
+
+
 def q8_buffers(xp, shape: tuple[int, int]) -> tuple:
     """Empty (int8 (T, in), float32 (T, in // Q8_RUN, 2)) for activations of shape (T, in), in a
     multiple of Q8_RUN: each run of Q8_RUN as values and (step, step * sum of the values)."""
@@ -182,6 +196,20 @@ def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp_q8, a
     check(xs, np.float32, "xs")
     assert w.qtype in INT8_TYPES and xq.shape[1] == w.cols
     _launch_matvec(k, "matvec_q8", w, (w.raw, xq, xs), y, add, xq.shape[0], rows_per_warp)
+
+
+def matmul_q8_mma(k, x8: tuple, w: QuantMatrix, y) -> None:
+    """y (T, out) = x · Wᵀ for W of INT8_TYPES, x as quantize_q8 made it, on int8 tensor cores:
+    tiles of MMQ_ROWS rows by MMQ_TOKENS tokens, any T."""
+    xq, xs = x8
+    check(xq, np.int8, "xq")
+    check(xs, np.float32, "xs")
+    check(w.raw, np.uint8, "w")
+    check(y, np.float32, "y")
+    assert w.qtype in INT8_TYPES and xq.shape[1] == w.cols and y.shape == (xq.shape[0], w.rows)
+    k.function("matmul_q8_mma", f"matmul_q8_mma_{TYPE_SUFFIX[w.qtype]}")(
+        (cdiv(xq.shape[0], MMQ_TOKENS), cdiv(w.rows, MMQ_ROWS)), (MMQ_THREADS,),
+        (w.raw, xq, xs, y, np.int32(w.cols), np.int32(w.rows), np.int32(xq.shape[0])))
 
 
 def dequantize(k, raw, qtype: QType, out) -> None:
