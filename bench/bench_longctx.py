@@ -5,7 +5,9 @@ and decode at depth 8192, as `llama-bench -p 8192 -n 0 -fa 1` and `llama-bench -
     python bench/bench_longctx.py [--models llama-1b,llama-8b] [--llama-cpp] [--dir DIR] [--json FILE]
 
 The prompt goes in chunks of bench_cuda.PREFILL_BATCH tokens (llama.cpp's -b 2048); decode steps
-replay the engine's CUDA graph, one token id to the host a step.
+replay the engine's CUDA graph, one token id to the host a step. Decode runs twice on the same
+machine: with its attention split along the keys (cuda_attention.split_chunks chunks a query, the
+default at this depth) and, captured again, unsplit (one block per query and head), the baseline.
 """
 
 import argparse
@@ -33,6 +35,8 @@ DECODE_TOKENS = 32
 def bench_model(path: Path, n_vocab: int) -> dict:
     from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 
+    from llogos_cli.backends.cuda import cuda_attention
+
     backend = CudaBackend()
     model = Model(GGUFFile(path), backend)
     ids = np.random.default_rng(0).integers(2, n_vocab, DEPTH + DECODE_TOKENS + 1).astype(np.int32)
@@ -55,11 +59,23 @@ def bench_model(path: Path, n_vocab: int) -> dict:
         ctx.n_past += 1
         return int(backend.argmax_rows(logits)[0])
 
-    token = one(token)   # capture
-    t0 = time.perf_counter()
-    for _ in range(DECODE_TOKENS):
-        token = one(token)
-    return {"prefill_tok_s": DEPTH / seconds, "decode_tok_s": DECODE_TOKENS / (time.perf_counter() - t0)}
+    def decode(token: int) -> tuple[float, int]:
+        token = one(token)   # capture
+        t0 = time.perf_counter()
+        for _ in range(DECODE_TOKENS):
+            token = one(token)
+        return DECODE_TOKENS / (time.perf_counter() - t0), token
+
+    chunks = cuda_attention.split_chunks(next(kv for kv in ctx.cache.kv if kv is not None), 1, model.cfg.n_head)
+    split_tok_s, token = decode(token)
+    blocks, cuda_attention.SPLIT_BLOCKS = cuda_attention.SPLIT_BLOCKS, 0   # split_chunks: 1, never split
+    try:
+        step = decode_step(model, ctx.cache)
+        unsplit_tok_s, _ = decode(token)
+    finally:
+        cuda_attention.SPLIT_BLOCKS = blocks
+    return {"prefill_tok_s": DEPTH / seconds, "decode_tok_s": split_tok_s, "split_chunks": chunks,
+            "decode_unsplit_tok_s": unsplit_tok_s}
 
 
 def main() -> None:
@@ -83,11 +99,13 @@ def main() -> None:
         results.append({"model": name, "depth": DEPTH, **bench_model(path, spec.n_vocab), "llama_cpp": reference})
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
-    print("| model | prefill 8192 tok/s (llama.cpp) | decode at 8192 tok/s (llama.cpp) |\n|---|---|---|")
+    print("| model | prefill 8192 tok/s (llama.cpp) | decode at 8192 tok/s (llama.cpp) | unsplit | chunks |\n"
+          "|---|---|---|---|---|")
     for r in results:
         ref = r["llama_cpp"] or {}
         print(f"| {r['model']} | {r['prefill_tok_s']:.0f} ({ref.get('prefill_tok_s', 0):.0f}) | "
-              f"{r['decode_tok_s']:.1f} ({ref.get('decode_tok_s', 0):.1f}) |")
+              f"{r['decode_tok_s']:.1f} ({ref.get('decode_tok_s', 0):.1f}) | {r['decode_unsplit_tok_s']:.1f} | "
+              f"{r['split_chunks']} |")
 
 
 if __name__ == "__main__":

@@ -234,3 +234,33 @@ def test_engine_greedy_generation_matches_the_cpu_backend(backend):
             StopCriteria(n_predict=len(oracle["greedy"]), ignore_eos=True)), ("f32", "f32"))
         runs.append([t.id for t in gen])
     assert runs[0] == runs[1] == oracle["greedy"].tolist()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-f32", "tiny-gemma3-q8_0", "tiny-gpt-oss-f32"])
+def test_decode_at_depth_splits_attention_along_the_keys(backend, name, monkeypatch):
+    """Decode rows at depth 600 of a cache of 1024 positions, where the fused attention splits each
+    row's keys into chunks (cuda_attention.split_chunks), replayed from the decode graph at three
+    depths, against the same rows run eagerly unsplit (one block per head, attention.cu): Llama,
+    Gemma 3 (sliding windows), gpt-oss (sinks, windows). The split itself is checked against the
+    NumPy backend op by op (emu/op_suite.py); here its logits agree with the unsplit ones to the
+    float32 summation order (4e-8 of the largest measured under the emulator)."""
+    from llogos_cli.backends.cuda import cuda_attention
+    _, gpu = model_pair(name, backend)
+    depth, n_ctx = 600, 1024
+    ctx = gpu.new_context(n_ctx, "f32", "f32")
+    assert cuda_attention.split_chunks(next(kv for kv in ctx.cache.kv if kv is not None), 1, gpu.cfg.n_head) > 1
+    ids = np.random.default_rng(9).integers(0, gpu.cfg.n_vocab, depth + 3).astype(np.int32)
+    gpu.forward_seq(ctx, ids[:depth])
+    decoder = GraphDecoder(gpu, ctx.cache)
+    for t in range(depth, depth + 3):
+        rows = ids[t:t + 1], np.zeros(1, np.int32), np.array([t], np.int32)
+        captured = len(getattr(backend.kernels, "launched", ()))
+        got = backend.to_host(decoder.step(*rows))
+        if t == depth and hasattr(backend.kernels, "launched"):   # the step captured
+            assert "attention_combine" in backend.kernels.launched[captured:]
+        with monkeypatch.context() as unsplit:
+            unsplit.setattr(cuda_attention, "SPLIT_BLOCKS", 0)
+            launched = len(getattr(backend.kernels, "launched", ()))
+            want = backend.to_host(gpu.forward_rows(ctx.cache, *rows))   # the same row stored again
+            assert "attention_combine" not in getattr(backend.kernels, "launched", ())[launched:]
+        assert relative(got, want) < 1e-6, t

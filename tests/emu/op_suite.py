@@ -735,6 +735,89 @@ def test_attention_sinks(backend, runs):
         assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, window), want) > 1e-2
 
 
+# Decode at depth, where a fused launch splits each query's keys into chunks (attention_split.cu,
+# attention_combine.cu): slots holding 1000-3000 keys in a cache of 3072 positions a slot, so 12
+# chunks of 256 keys, the deepest query's last one partial, a shallower one's leaving chunks empty;
+# a window of 700 starts mid-chunk. A run of 3 tokens joins the decode rows' launch.
+DEEP_HISTORY = {0: 2997, 1: 1000, 2: 1733}
+DEEP_BATCH = [(2, 1), (0, 3), (1, 1)]
+# The split sums the same terms as the NumPy backend in another order: a lane's chain of at most
+# 64 keys of its chunk, then 4 warps and 12 chunks, where the NumPy backend sums 64-key chunks and
+# then the chunks in order. Each float32 addition errs by at most u = 2^-24 of its running sum, so
+# a chain of n additions by about sqrt(n) u for terms of random sign (n u at worst): ~100 additions
+# on the longer chain, ~1e-6 of the largest output, which the scores' dot products (64 terms) do
+# not outgrow. The bound is 5e-6 of max|out|; measured under the emulator: at most 1.4e-6. A chunk
+# lost or counted twice moves outputs by several per cent.
+DEEP_RTOL = 5e-6
+
+
+def _deep_caches(backend, rng, caches, n_kv, dk, dv, runs=DEEP_BATCH):
+    _store(backend, caches, rng, [(slot, 0, n) for slot, n in DEEP_HISTORY.items()], n_kv, dk, dv)
+    return _store(backend, caches, rng, [(slot, DEEP_HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
+
+
+def _launched_split(backend, before: int) -> bool:
+    launched = getattr(backend.kernels, "launched", None)
+    return launched is None or "attention_combine" in launched[before:]
+
+
+@pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
+@pytest.mark.parametrize("window", [0, 700])
+def test_attention_split_along_the_keys_at_depth(backend, type_k, type_v, window):
+    rng = np.random.default_rng(window + len(type_k))
+    n_slots, n_ctx, n_kv, n_head, dk, dv = 3, 3072, 2, 8, 64, 32
+    caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
+    cpu_layout, layout = _deep_caches(backend, rng, caches, n_kv, dk, dv)
+    n_tok = len(cpu_layout.pos)
+    assert cuda_attention.split_chunks(caches[1], n_tok, n_head) == n_ctx // cuda_attention.SPLIT_MIN_KEYS
+    q = rng.standard_normal((n_tok, n_head, dk)).astype(np.float32)
+    before = len(getattr(backend.kernels, "launched", ()))
+    got = backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window)
+    assert _launched_split(backend, before)
+    assert_close(host(backend, got), CPU.attention(q, caches[0], cpu_layout, 0.125, window), rtol=DEEP_RTOL)
+
+
+@pytest.mark.parametrize("window", [0, 700])
+def test_attention_split_along_the_keys_paged_with_sinks_and_softcap(backend, window):
+    """The split through block tables of 16-position blocks, every head with its sink and its scores
+    capped (both changing every output), GQA groups of 8 heads (SPLIT_MAX_GROUP)."""
+    rng = np.random.default_rng(15 + window)
+    n_slots, n_ctx, n_kv, n_head, dk, dv, block = 3, 3072, 1, 8, 32, 64, 16
+    n_blocks = n_slots * n_ctx // block
+    tables = rng.permutation(n_blocks).astype(np.int32).reshape(n_slots, n_ctx // block)
+    caches = paged_caches(backend, tables, n_blocks + 1, block, n_kv, dk, dv, "q8_0", "f16")
+    cpu_layout, layout = _deep_caches(backend, rng, caches, n_kv, dk, dv)
+    q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32) * 2
+    sinks = rng.standard_normal(n_head).astype(np.float32) * 3
+    want = CPU.attention(q, caches[0], cpu_layout, 0.25, window, 1.5, sinks)
+    before = len(getattr(backend.kernels, "launched", ()))
+    got = backend.attention(backend.xp.asarray(q), caches[1], layout, 0.25, window, 1.5, backend.xp.asarray(sinks))
+    assert _launched_split(backend, before)
+    assert_close(host(backend, got), want, rtol=DEEP_RTOL)
+    assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, window, 0.0, sinks), want) > 1e-2
+    assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, window, 1.5), want) > 1e-2
+
+
+def test_attention_split_along_the_keys_writes_the_8_bit_output(backend, monkeypatch):
+    """With int8 products the combine writes the output's quantize_q8 too, bit for bit the one the
+    product would make, and the output bit for bit the float backend's."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
+    int8 = CudaBackend(backend.kernels, "int8")
+    rng = np.random.default_rng(16)
+    n_slots, n_ctx, n_kv, n_head, dk, dv = 3, 3072, 2, 4, 64, 64
+    caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, "f16", "q4_0") for b in (CPU, int8)]
+    _, layout = _deep_caches(int8, rng, caches, n_kv, dk, dv, [(2, 1), (0, 1)])
+    q = int8.xp.asarray(rng.standard_normal((len(layout.pos), n_head, dk)).astype(np.float32))
+    before = len(getattr(backend.kernels, "launched", ()))
+    o = int8.attention(q, caches[1], layout, 0.125, 0)
+    assert _launched_split(backend, before)
+    np.testing.assert_array_equal(host(int8, o), host(backend, backend.attention(q, caches[1], layout, 0.125, 0)))
+    x = o.reshape(o.shape[0], n_head * dv)
+    for fused, apart in zip(int8._x8[1], cuda_matmul.quantize_q8(backend.kernels, x)):
+        np.testing.assert_array_equal(host(int8, fused), host(int8, apart))
+
+
 @pytest.mark.parametrize("type_k, type_v", CACHE_PAIRS)
 @pytest.mark.parametrize("neox, dims", [(False, 64), (True, 64), (True, 16)])
 def test_rope_kv_store(backend, type_k, type_v, neox, dims):

@@ -29,7 +29,22 @@ _ROW_TYPE = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0, "q4_0": QTy
 ATTENTION_WARPS = 4      # ATTENTION_WARPS in attention.cu
 MAX_HEAD_DIM = 256       # MAX_HEAD_DIM in attention.cu
 FUSED_MAX_TOKENS = 16
+# Split-K decode (attention_split.cu + attention_combine.cu): the fused kernel's grid of (query,
+# head) blocks, each walking all its keys, is a few dozen blocks for a decode step of a small
+# model, most of a large GPU idle at depth. A fused launch splits each query's keys instead into
+# enough chunks for about SPLIT_BLOCKS blocks (several per SM of a 132-SM H100), no chunk shorter
+# than SPLIT_MIN_KEYS keys: a chunk's partial (dv floats a head) is then small beside the rows it
+# reads, and a shallow query takes one chunk, as many blocks as the fused kernel's groups. Whether
+# to split is fixed by the cache's positions per slot, not by the depth, so that a captured decode
+# step replays at any depth (cuda_batch): a cache that holds fewer than 2 * SPLIT_MIN_KEYS
+# positions a slot never splits.
+SPLIT_BLOCKS = 512
+SPLIT_WARPS = 4          # SPLIT_WARPS in attention_split.cu
+SPLIT_MIN_KEYS = 256
+SPLIT_MAX_GROUP = 8      # MAX_GROUP in attention_split.cu: query heads a block holds
+SPLIT_MAX_CHUNKS = 256   # MAX_CHUNKS in attention_combine.cu
 _THREADS = 256
+_COMBINE_THREADS = 128   # COMBINE_THREADS in attention_combine.cu
 
 
 @dataclass(slots=True)
@@ -123,6 +138,15 @@ def kv_shift(k, cache: KVCache, slot: int, src: int, n: int, delta: int, rope: t
                  *cache.where(factors)))
 
 
+def split_chunks(cache: KVCache, n_tok: int, n_head: int) -> int:
+    """Chunks each query's keys are split into in a fused launch of n_tok queries; 1: not split."""
+    n_kv = cache.k.shape[1]
+    if n_head // n_kv > SPLIT_MAX_GROUP:
+        return 1
+    positions = cache.k.shape[2] * (1 if cache.tables is None else cache.tables.shape[1])
+    return max(1, min(cdiv(SPLIT_BLOCKS, n_tok * n_kv), positions // SPLIT_MIN_KEYS, SPLIT_MAX_CHUNKS))
+
+
 def fused_only(layout: Layout) -> bool:
     """Whether the fused kernel takes every run of the batch (none long enough for the GEMM path)."""
     return all(t1 - t0 <= FUSED_MAX_TOKENS for _, t0, t1 in layout.runs)
@@ -178,6 +202,10 @@ def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap:
     check(out, np.float32, "out")
     n_tok, n_head, dk = q.shape
     n_kv = cache.k.shape[1]
+    n_chunks = split_chunks(cache, n_tok, n_head)
+    if n_chunks > 1:
+        _split(k, q, cache, slots, pos, scale, window, softcap, sinks, out, x8, n_chunks)
+        return
     k.function("attention", f"attention_{cache.type_k}_{cache.type_v}")(
         (n_head, n_tok), (ATTENTION_WARPS * 32,),
         (q, cache.k, cache.v, out, slots, pos, np.int32(n_head), np.int32(n_kv), np.int32(dk),
@@ -185,6 +213,26 @@ def _fused(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap:
          q if sinks is None else sinks, np.int32(sinks is not None),   # q: a pointer the kernel then never reads
          *((out, out) if x8 is None else x8), np.int32(x8 is not None),  # out, likewise
          *cache.where(slots)))
+
+
+def _split(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap: float, sinks, out, x8,
+           n_chunks: int) -> None:
+    """The fused launch's work split along the keys: each chunk's partial softmax per head, then
+    their merge (attention_split.cu, attention_combine.cu)."""
+    n_tok, n_head, dk = q.shape
+    n_kv = cache.k.shape[1]
+    part_ml = k.xp.empty((n_tok, n_head, n_chunks, 2), np.float32)
+    part_acc = k.xp.empty((n_tok, n_head, n_chunks, cache.dv), np.float32)
+    k.function("attention_split", f"attention_split_{cache.type_k}_{cache.type_v}")(
+        (n_kv, n_chunks, n_tok), (SPLIT_WARPS * 32,),
+        (q, cache.k, cache.v, part_ml, part_acc, slots, pos, np.int32(n_head), np.int32(n_kv), np.int32(dk),
+         np.int32(cache.dv), np.float32(scale), np.int32(window), np.float32(softcap), np.int32(SPLIT_MIN_KEYS),
+         *cache.where(slots)))
+    k.function("attention_combine", "attention_combine")(
+        (n_head, n_tok), (_COMBINE_THREADS,),
+        (part_ml, part_acc, out, np.int32(n_head), np.int32(n_chunks), np.int32(cache.dv),
+         q if sinks is None else sinks, np.int32(sinks is not None),
+         *((out, out) if x8 is None else x8), np.int32(x8 is not None)))
 
 
 def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int, softcap: float, sinks,
