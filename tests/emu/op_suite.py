@@ -370,7 +370,7 @@ def skewed_routing(rng, n_tok: int, n_expert: int, k: int) -> np.ndarray:
 @pytest.mark.parametrize("n_expert, k, n_tok", [(6, 3, 20), (128, 8, 300), (1024, 2, 37)])
 def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
     """moe_sort's grouping, as the CPU backend's stable sort of the pairs by expert (300 x 8 pairs:
-    several tiles of them), its plan (the experts with GEMM_MIN_TOKENS pairs or more a GEMM each,
+    several tiles of them), its plan (experts with EXPERT_GEMM_MIN_TOKENS pairs or more a GEMM each,
     the others' pairs in tiles of up to 8), and moe_gather's rows in that order."""
     rng = np.random.default_rng(n_expert)
     experts = skewed_routing(rng, n_tok, n_expert, k)
@@ -379,7 +379,7 @@ def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
     np.testing.assert_array_equal(host(backend, grouping.order), order)
     counts = np.bincount(experts.ravel(), minlength=n_expert)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    assert [e for e, _, _ in grouping.gemms] == np.flatnonzero(counts >= cuda_matmul.GEMM_MIN_TOKENS).tolist()
+    assert [e for e, _, _ in grouping.gemms] == np.flatnonzero(counts >= cuda_experts.EXPERT_GEMM_MIN_TOKENS).tolist()
     assert all((a, b) == (starts[e], starts[e + 1]) for e, a, b in grouping.gemms)
     tiles = host(backend, grouping.tiles)
     assert np.all((tiles[:, 2] >= 1) & (tiles[:, 2] <= cuda_experts.TILE_TOKENS))
@@ -402,14 +402,15 @@ def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
 
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
 def test_grouped_matmul_experts(backend, qtype):
-    """A prompt's expert products (GROUP_MIN_TOKENS tokens or more): 40 tokens through 3 of 6
+    """A prompt's expert products (GROUP_MIN_TOKENS tokens or more): 70 tokens through 3 of 6
     experts, expert 1 chosen by every one (an f16 GEMM) and the others by fewer than
-    GEMM_MIN_TOKENS (moe_matvec's tiles), put back in pair order, with bias and weights; as the CPU."""
+    EXPERT_GEMM_MIN_TOKENS (moe_matvec's tiles), put back in pair order, with bias and weights; as the CPU."""
     rng = np.random.default_rng(16)
-    n_expert, k, out, cols, n_tok = 6, 3, 40, 256, 40
+    n_expert, k, out, cols, n_tok = 6, 3, 40, 256, 70
     experts = np.stack([np.concatenate([[1], rng.choice([0, 2, 3, 4, 5], k - 1, replace=False)])
                         for _ in range(n_tok)]).astype(np.int32)
-    assert n_tok >= cuda_experts.GROUP_MIN_TOKENS and np.bincount(experts.ravel())[[0, 2, 3, 4, 5]].max() < cuda_matmul.GEMM_MIN_TOKENS
+    counts = np.bincount(experts.ravel())
+    assert n_tok >= cuda_experts.GROUP_MIN_TOKENS and counts[[0, 2, 3, 4, 5]].max() < cuda_experts.EXPERT_GEMM_MIN_TOKENS <= counts[1]
     weights = rng.uniform(0.1, 1, (n_tok, k)).astype(np.float32)
     raw = random_weights(rng, qtype, n_expert * out, cols)
     w, cpu_w = backend.matrix(raw, qtype, matmul=True), CPU.matrix(raw, qtype, matmul=True)

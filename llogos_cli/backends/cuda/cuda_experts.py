@@ -5,8 +5,8 @@ A few tokens' product (decode) stays on the device: matvec_experts reads each (t
 pair's expert from device memory, so a captured decode step replays for any routing, and streams
 that pair's expert matrix for it. A prompt's product groups its pairs by expert first (group:
 moe_sort.cu, a counting sort on the GPU), so that each chosen expert's matrix is read once for all
-of its tokens: by an f16 GEMM (as cuda_matmul's prompt products) where it has GEMM_MIN_TOKENS or
-more, else in tiles of 8 (moe_matvec.cu). Planning those launches takes the expert counts on the
+of its tokens by an f16 GEMM (as cuda_matmul's prompt products) where it has EXPERT_GEMM_MIN_TOKENS
+or more, else once per 8 of them (moe_matvec.cu's tiles), not once per token. Planning those launches takes the expert counts on the
 host, a wait for the GPU once a layer, which a captured step could not replay.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from llogos_cli.backends.cuda.cuda_kernels import TYPE_SUFFIX, cdiv, check
-from llogos_cli.backends.cuda.cuda_matmul import GEMM_MIN_TOKENS, MATVEC_WARPS, QuantMatrix, Scratch, dequantize
+from llogos_cli.backends.cuda.cuda_matmul import MATVEC_WARPS, QuantMatrix, Scratch, dequantize
 
 MAX_PAIRS = 65535   # (token, choice) pairs per launch: the grid's y dimension
 # Tokens from which a product groups its pairs by expert: a prompt chunk's experts are shared by
@@ -27,6 +27,13 @@ GROUP_MIN_TOKENS = 16
 SORT_THREADS = 256          # moe_sort's one block (MOE_SORT_THREADS in moe_sort.cu)
 SORT_MAX_EXPERTS = 1024     # MOE_SORT_MAX_EXPERTS
 TILE_TOKENS = 8             # grouped rows a moe_matvec tile takes (MOE_MATVEC_TOKENS)
+# Experts with this many pairs or more take an f16 GEMM, the others moe_matvec's tiles. A GEMM
+# first writes the expert's matrix out as f16 (2 bytes a weight, read again by cuBLAS) and costs
+# two launches an expert; the tiles read the quantized matrix (~0.45-0.55 bytes a weight in
+# Q3_K, Q4_K, MXFP4) once per TILE_TOKENS tokens, every expert in one launch. By bytes the tiles
+# read less up to ~40 (f16 reads from L2) to ~80 tokens (from memory); unmeasured on a GPU so far
+# (bench-moe prints the prompt's expert kernels and GEMMs).
+EXPERT_GEMM_MIN_TOKENS = 64
 _THREADS = 256
 ROUTE_WARPS = 4     # tokens a block of moe_route, a warp each
 ROUTE_MAX_EXPERTS = 32 * 32   # moe_route keeps which of its (at most 32) experts a lane has chosen in 32 bits
@@ -51,7 +58,7 @@ def route(k, logits, n_used: int, normalize: bool = True):
 class Grouping:
     """A batch's (token, choice) pairs grouped by expert, and the products planned on them."""
     order: Any                               # device int32 (P,): the pairs p = t * k + j, expert by expert
-    gemms: tuple[tuple[int, int, int], ...]  # (expert, first, end) in order of the experts with GEMM_MIN_TOKENS pairs or more
+    gemms: tuple[tuple[int, int, int], ...]  # (expert, first, end) in order of the experts with EXPERT_GEMM_MIN_TOKENS pairs or more
     tiles: Any                               # device int32 (n_tiles, 3): (expert, first, count <= TILE_TOKENS) of the others'
 
 
@@ -66,7 +73,7 @@ def group(k, experts, n_expert: int) -> Grouping:
     starts = k.to_host(offsets).tolist()
     gemms, tiles = [], []
     for e, (a, b) in enumerate(zip(starts, starts[1:])):
-        if b - a >= GEMM_MIN_TOKENS:
+        if b - a >= EXPERT_GEMM_MIN_TOKENS:
             gemms.append((e, a, b))
         else:
             tiles += [(e, t, min(TILE_TOKENS, b - t)) for t in range(a, b, TILE_TOKENS)]
@@ -78,7 +85,7 @@ def matmul_experts(k, x, w: QuantMatrix, experts, n_expert: int, weights=None, b
     """x (T, in) or (T, k, in) through each token's experts (T, k) of the stacked w, plus each
     expert's row of bias (n_expert * out,) if given -> (T, k, out); with weights (T, k), the k
     outputs weighted and summed -> (T, out). With grouping (group(k, experts, n_expert)) and a
-    scratch for the dequantized experts, each chosen expert's matrix is read once."""
+    scratch for the dequantized experts, the pairs are taken expert by expert."""
     check(x, np.float32, "x")
     check(experts, np.int32, "experts")
     check(w.raw, np.uint8, "w")
