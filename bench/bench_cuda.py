@@ -40,6 +40,7 @@ PROMPT_TOKENS = 512
 DECODE_TOKENS = 128
 TTFT_TOKENS = 5                         # time to first token is taken for a prompt this long
 BATCH_PROMPT, BATCH_DECODE = 128, 128  # per sequence, as llama-batched-bench -npp 128 -ntg 128
+EXPERT_KERNELS = ("moe_", "matvec_experts_")   # the mixture-of-experts kernels by name (router, products, sums)
 PREFILL_BATCH = 2048                    # prompt tokens per forward pass, as llama.cpp's -b 2048
 
 
@@ -212,7 +213,7 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
         decode_ms = (time.perf_counter() - t0) * 1e3
     with KernelTimes(b) as prefill_kernels:
         prefill_ms = prefill(PROMPT_TOKENS) * 1e3
-    kernels = decode_kernels.table(decode_ms)
+    kernels, prefill_table = decode_kernels.table(decode_ms), prefill_kernels.table(prefill_ms)
     return {
         "model": spec.name, "weights_GB": model.weight_bytes / 1e9, "load_s": load_s,
         "prefill_tok_s": prefill_tok_s, "ttft_ms": ttft_ms,
@@ -225,7 +226,13 @@ def bench_model(spec: Spec, path: Path, bandwidth: float, batch_sizes: list[int]
                            "matvec_gpu": sum(ms for name, _, ms in kernels if name.startswith("matvec")),
                            "graph_replay_gpu": replay, "graph_wall": 1e3 / graphed, "eager_wall": 1e3 / eager},
         "decode_kernels": kernels,
-        "prefill_kernels": prefill_kernels.table(prefill_ms),
+        "prefill_kernels": prefill_table,
+        # A prompt's time: its wall time, the GPU time of the mixture-of-experts kernels (router,
+        # grouping, gather, tiles, scatter, bias, sums; the pair-by-pair product) and of the prompt
+        # products (f16 GEMMs, which the experts with many tokens share, and int8 tensor-core tiles).
+        "prefill_step_ms": {"wall": prefill_ms,
+                            "experts_gpu": sum(ms for name, _, ms in prefill_table if name.startswith(EXPERT_KERNELS)),
+                            "gemm_gpu": sum(ms for name, _, ms in prefill_table if name.startswith(("gemm_f16", "matmul_q8_mma")))},
         "batched": [batched_or_error(model, n) for n in batch_sizes],
         "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
     }
@@ -343,7 +350,7 @@ def record(results: list[dict], products: list[dict], bandwidth: float, commit: 
             "weights_GB": r["weights_GB"],
             "llogos": {key: r[key] for key in ("decode_tok_s", "prefill_tok_s", "ttft_ms", "bandwidth_fraction",
                                                "decode_tok_s_eager", "decode_tok_s_graph", "decode_GB_s", "load_s",
-                                               "decode_step_ms")},
+                                               "decode_step_ms", "prefill_step_ms")},
             "llamacpp": llamacpp,
             "batched": [{"B": row["B"], "llogos": row, "llamacpp": batched_theirs.get(row["B"])} for row in r["batched"]],
             "decode_kernels": r["decode_kernels"], "prefill_kernels": r["prefill_kernels"],
@@ -375,6 +382,12 @@ def report(results: list[dict], products: list[dict], bandwidth: float) -> None:
         t = r["decode_step_ms"]
         print(f"| {r['model']} | {t['kernels_gpu']:.3f} | {t['matvec_gpu']:.3f} ({r['weights_GB'] / t['matvec_gpu'] * 1e3:.0f} GB/s) "
               f"| {t['graph_replay_gpu']:.3f} | {t['graph_wall']:.3f} | {t['eager_wall']:.3f} |")
+    print(f"\nA prompt of {PROMPT_TOKENS} tokens, ms: wall time, the mixture-of-experts kernels' GPU time "
+          f"({', '.join(p + '*' for p in EXPERT_KERNELS)}), the f16 GEMMs' (experts' and the rest).\n\n"
+          "| model | wall | expert kernels | GEMMs |\n|---|---|---|---|")
+    for r in results:
+        t = r["prefill_step_ms"]
+        print(f"| {r['model']} | {t['wall']:.1f} | {t['experts_gpu']:.1f} | {t['gemm_gpu']:.1f} |")
     print(f"\nBatched: B sequences of {BATCH_PROMPT} prompt tokens, then {BATCH_DECODE} steps of B rows; "
           "aggregate tok/s, llama-batched-bench's in brackets.\n")
     print("| model | B | prefill tok/s | decode tok/s |\n|---|---|---|---|")

@@ -16,7 +16,9 @@
 #                    (SMALL_MODELS=a,b in that order instead)
 #       bench-8b     llama-8b
 #       bench-moe    the mixture-of-experts shapes (MOE_MODELS=a,b; default gpt-oss-20b,qwen3-30b-a3b),
-#                    written by bench/synthetic_gguf.py on the machine (~12-14 GB each)
+#                    written by bench/synthetic_gguf.py on the machine (~12-14 GB each): prefill of 512
+#                    tokens beside llama-bench's pp512, with its expert kernels' and GEMMs' GPU time
+#                    (prefill_step_ms), decode, and batches of 1 and 16 sequences
 #       longctx      a prompt of 8192 tokens and decode at depth 8192 (bench/bench_longctx.py), beside
 #                    llama-bench -p 8192 -n 0 and -p 0 -n 32 -d 8192, -fa 1 (LONG_MODELS; default
 #                    llama-1b,llama-8b)

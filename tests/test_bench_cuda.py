@@ -32,6 +32,7 @@ def measured(name: str, theirs: bool) -> dict:
         "decode_step_ms": {"kernels_gpu": 4.1, "matvec_gpu": 3.0, "graph_replay_gpu": 4.3, "graph_wall": 4.76, "eager_wall": 6.67},
         "decode_kernels": [["matvec_q4_K", 160, 3.0], ["(rest of the wall time)", 0, 0.5]],
         "prefill_kernels": [["gemm_f16 (cuBLAS)", 224, 40.0], ["(rest of the wall time)", 0, 5.0]],
+        "prefill_step_ms": {"wall": 45.0, "experts_gpu": 12.5, "gemm_gpu": 40.0},
         "batched": batched, "device": "NVIDIA H100 80GB HBM3",
         "llama_cpp": None if not theirs else {
             "single": {"prefill_tok_s": 11000.0, "decode_tok_s": 180.0, "ttft_ms": 9.0, "build": "0c1e570"},
@@ -64,6 +65,7 @@ def test_report_prints_both_sides(bench_cuda, capsys):
     assert "| llama-8b | 4.60 | 9000 (11000) | 12.5 (9.0) | 150 / 210 (180) | 32% (28%) |" in out
     assert "| qwen35-0.8b | 4.60 | 9000 (-) | 12.5 (-) |" in out
     assert "| llama-8b | 4.100 | 3.000 (1533 GB/s) | 4.300 | 4.760 | 6.670 |" in out
+    assert "| model | wall | expert kernels | GEMMs |\n|---|---|---|---|\n| llama-8b | 45.0 | 12.5 | 40.0 |" in out
     assert ("| type | rows x cols | 1 token, int8, 1 row a warp | 4 tokens |\n|---|---|---|---|\n"
             "| Q4_K | 14336 x 4096 | 30.0 us, 1100 GB/s (37%)* | 120.0 us, 275 GB/s (9%) |") in out
     bench_cuda.report([measured("llama-8b", True)], [], 3000.0)   # a run without --products
@@ -117,6 +119,8 @@ def test_the_benchmark_runs_through_under_the_emulator(bench_cuda, monkeypatch, 
     # The prompt's products with the int8 types on tensor cores (the emulator has them), not f16 GEMMs.
     prefill = {name for name, count, _ in record["models"][spec.name]["prefill_kernels"] if count}
     assert {"matmul_q8_mma_q4_K", "matmul_q8_mma_q6_K"} <= prefill and "dequantize_q4_K" not in prefill, prefill
+    prefill = record["models"][spec.name]["llogos"]["prefill_step_ms"]   # no experts in this model: none of their kernels
+    assert prefill["experts_gpu"] == 0 and prefill["gemm_gpu"] > 0 and prefill["wall"] > 0
     assert {p["type"] for p in products} == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"}
     # One token with 1 and 2 rows a warp on both shapes, 4 tokens on the first: 5 a type; the 5
     # types with integer products the same 4 one-token variants on 8-bit activations. One chosen a shape.

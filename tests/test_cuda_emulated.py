@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from llogos_cli.backends.cuda import cuda_attention, cuda_matmul
+from llogos_cli.backends.cuda import cuda_attention, cuda_experts, cuda_matmul
 from llogos_cli.backends.cuda.cuda_attention import FUSED_MAX_TOKENS
 from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 from llogos_cli.backends.cuda.cuda_batch import Run
@@ -104,6 +104,23 @@ def test_one_token_products_take_two_rows_a_warp_where_that_measured_faster(back
     backend.kernels.launched.clear()
     backend.matmul(backend.xp.asarray(np.ones((1, cols), np.float32)), w)
     assert backend.kernels.launched == [kernel]
+
+
+def test_captured_steps_keep_expert_products_pair_by_pair(backend):
+    """Grouping a prompt's pairs by expert waits for their counts on the host, which a captured
+    step could not replay: captured, even GROUP_MIN_TOKENS rows take matvec_experts."""
+    rng = np.random.default_rng(6)
+    n_tok, n_expert, out, cols = cuda_experts.GROUP_MIN_TOKENS, 4, 8, 64
+    w = backend.matrix(random_weights(rng, QType.Q8_0, n_expert * out, cols), QType.Q8_0, matmul=True)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    experts = np.stack([rng.permutation(n_expert)[:2] for _ in range(n_tok)]).astype(np.int32)
+    backend.kernels.launched.clear()
+    graph, captured = backend.capture(lambda: backend.matmul_experts(x, w, experts, n_expert))
+    assert backend.kernels.launched == ["matvec_experts_q8_0"]
+    graph.launch()
+    eager = backend.matmul_experts(x, w, experts, n_expert)
+    assert "moe_sort_i32" in backend.kernels.launched
+    np.testing.assert_array_equal(captured, eager)   # the tiles dot their rows in matvec_experts' order
 
 
 def test_decode_rows_take_one_launch_per_op(backend):

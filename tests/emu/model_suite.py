@@ -131,6 +131,29 @@ def test_long_prompt(backend, cache):
     assert np.mean(got.argmax(1) == want.argmax(1)) > 0.9
 
 
+@pytest.mark.parametrize("name", ["tiny-qwen3moe-q8_0", "tiny-gpt-oss-mxfp4", "tiny-qwen2moe-f32"])
+def test_moe_prompt_groups_its_experts_products(backend, name):
+    """A prompt of GEMM_MIN_TOKENS + 8 tokens takes the grouped expert products (the pairs sorted
+    by expert, each chosen expert's matrix multiplied once by its rows), the token after it the
+    pair-by-pair product: logits as the CPU backend's, to the f16 GEMMs' ~1e-3."""
+    cpu, gpu = model_pair(name, backend)
+    ids = np.random.default_rng(9).integers(0, cpu.cfg.n_vocab, cuda_matmul.GEMM_MIN_TOKENS + 9)
+    c_ctx, g_ctx = cpu.new_context(64, "f32", "f32"), gpu.new_context(64, "f32", "f32")
+    for chunk in (ids[:-1], ids[-1:]):
+        launched = getattr(backend.kernels, "launched", None)   # the emulator's record of kernel names
+        if launched is not None:
+            launched.clear()
+        want = cpu.forward_seq(c_ctx, chunk, all_logits=True)
+        got = backend.to_host(gpu.forward_seq(g_ctx, chunk, all_logits=True))
+        assert relative(got, want) < 3e-3, len(chunk)
+        if launched is not None:
+            grouped = {"moe_sort_i32", "moe_gather_f32", "moe_scatter_f32"} & set(launched)
+            paired = [name for name in launched if name.startswith("matvec_experts_")]
+            assert (grouped, bool(paired)) == (({"moe_sort_i32", "moe_gather_f32", "moe_scatter_f32"}, False)
+                                               if len(chunk) > 1 else (set(), True))
+            assert launched.count("moe_sort_i32") in (0, cpu.cfg.n_layer)   # one grouping a layer, shared by its products
+
+
 @pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-qwen2-f32", "tiny-gemma3-f32", "tiny-qwen35-f32"])
 def test_greedy_generation_matches_the_oracle(backend, name):
     family, quant = name.rsplit("-", 1)

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize as gguf_dequantize
 
 from bench.synthetic_gguf import random_rows
-from llogos_cli.backends.cuda import cuda_attention, cuda_matmul, cuda_ops
+from llogos_cli.backends.cuda import cuda_attention, cuda_experts, cuda_matmul, cuda_ops
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -385,6 +385,84 @@ def test_route_and_matmul_experts(backend, qtype):
     got = host(backend, backend.matmul_experts(backend.xp.asarray(per_pair), w, experts, n_expert, weights,
                                                backend.xp.asarray(bias)))
     assert_close(got, CPU.matmul_experts(per_pair, cpu_w, want_experts, n_expert, want_weights, bias), rtol=1e-5)
+
+
+def skewed_routing(rng, n_tok: int, n_expert: int, k: int) -> np.ndarray:
+    """(n_tok, k) distinct experts a token, expert e chosen in proportion to 1 / (e + 1)^2: a few
+    experts with many tokens, many with few or none."""
+    p = 1.0 / np.arange(1, n_expert + 1) ** 2
+    return np.stack([rng.choice(n_expert, k, replace=False, p=p / p.sum()) for _ in range(n_tok)]).astype(np.int32)
+
+
+@pytest.mark.parametrize("n_expert, k, n_tok", [(6, 3, 20), (128, 8, 300), (1024, 2, 37)])
+def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
+    """moe_sort's grouping, as the CPU backend's stable sort of the pairs by expert (300 x 8 pairs:
+    several tiles of them), its plan (experts with EXPERT_GEMM_MIN_TOKENS pairs or more a GEMM each,
+    the others' pairs in tiles of up to 8), and moe_gather's rows in that order."""
+    rng = np.random.default_rng(n_expert)
+    experts = skewed_routing(rng, n_tok, n_expert, k)
+    grouping = cuda_experts.group(backend.kernels, backend.xp.asarray(experts), n_expert)
+    order = np.argsort(experts.ravel(), kind="stable")
+    np.testing.assert_array_equal(host(backend, grouping.order), order)
+    counts = np.bincount(experts.ravel(), minlength=n_expert)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    assert [e for e, _, _ in grouping.gemms] == np.flatnonzero(counts >= cuda_experts.EXPERT_GEMM_MIN_TOKENS).tolist()
+    assert all((a, b) == (starts[e], starts[e + 1]) for e, a, b in grouping.gemms)
+    tiles = host(backend, grouping.tiles)
+    assert np.all((tiles[:, 2] >= 1) & (tiles[:, 2] <= cuda_experts.TILE_TOKENS))
+    covered = np.zeros(experts.size, np.int32)
+    for e, first, count in tiles:
+        assert starts[e] <= first and first + count <= starts[e + 1]
+        covered[first:first + count] += 1
+    for _, a, b in grouping.gemms:
+        covered[a:b] += 1
+    assert np.all(covered == 1)
+    cols = 96
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    per_pair = rng.standard_normal((n_tok, k, cols)).astype(np.float32)
+    for source, rows in ((x, x[order // k]), (per_pair, per_pair.reshape(-1, cols)[order])):
+        got = host(backend, cuda_experts.gather(backend.kernels, backend.xp.asarray(source), grouping.order, k, np.float32))
+        np.testing.assert_array_equal(got, rows)
+        got = host(backend, cuda_experts.gather(backend.kernels, backend.xp.asarray(source), grouping.order, k, np.float16))
+        np.testing.assert_array_equal(got.view(np.uint16), rows.astype(np.float16).view(np.uint16))
+
+
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_grouped_matmul_experts(backend, qtype):
+    """A prompt's expert products (GROUP_MIN_TOKENS tokens or more): 70 tokens through 3 of 6
+    experts, expert 1 chosen by every one (an f16 GEMM) and the others by fewer than
+    EXPERT_GEMM_MIN_TOKENS (moe_matvec's tiles), put back in pair order, with bias and weights; as the CPU."""
+    rng = np.random.default_rng(16)
+    n_expert, k, out, cols, n_tok = 6, 3, 40, 256, 70
+    experts = np.stack([np.concatenate([[1], rng.choice([0, 2, 3, 4, 5], k - 1, replace=False)])
+                        for _ in range(n_tok)]).astype(np.int32)
+    counts = np.bincount(experts.ravel())
+    assert n_tok >= cuda_experts.GROUP_MIN_TOKENS and counts[[0, 2, 3, 4, 5]].max() < cuda_experts.EXPERT_GEMM_MIN_TOKENS <= counts[1]
+    weights = rng.uniform(0.1, 1, (n_tok, k)).astype(np.float32)
+    raw = random_weights(rng, qtype, n_expert * out, cols)
+    w, cpu_w = backend.matrix(raw, qtype, matmul=True), CPU.matrix(raw, qtype, matmul=True)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    dense = np.abs(reference(raw, qtype).astype(np.float64)).reshape(n_expert, out, cols)
+    scale = np.einsum("tc,tjoc->tjo", np.abs(x), dense[experts])   # sum |x||w| of each output
+    if hasattr(backend.kernels, "launched"):
+        backend.kernels.launched.clear()
+    got = host(backend, backend.matmul_experts(backend.xp.asarray(x), w, backend.xp.asarray(experts), n_expert))
+    want = CPU.matmul_experts(x, cpu_w, experts, n_expert)
+    gemm = experts == 1
+    assert_close(got[gemm], want[gemm], rtol=2e-3, scale=scale[gemm])    # float16 inputs
+    assert_close(got[~gemm], want[~gemm], rtol=1e-5, scale=scale[~gemm])
+    if hasattr(backend.kernels, "launched"):
+        suffix = cuda_matmul.TYPE_SUFFIX[qtype]
+        assert {"moe_sort_i32", "moe_gather_f32", "moe_gather_f16", f"moe_matvec_{suffix}", f"dequantize_{suffix}",
+                "moe_scatter_f32"} <= set(backend.kernels.launched)
+        assert f"matvec_experts_{suffix}" not in backend.kernels.launched
+    per_pair = rng.standard_normal((n_tok, k, cols)).astype(np.float32)   # a down product: one input per pair
+    bias = rng.standard_normal(n_expert * out).astype(np.float32)
+    got = host(backend, backend.matmul_experts(backend.xp.asarray(per_pair), w, backend.xp.asarray(experts), n_expert,
+                                               backend.xp.asarray(weights), backend.xp.asarray(bias)))
+    want = CPU.matmul_experts(per_pair, cpu_w, experts, n_expert, weights, bias)
+    scale = np.einsum("tj,tjc,tjoc->to", weights, np.abs(per_pair), dense[experts])
+    assert_close(got, want, rtol=2e-3, scale=scale)
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.BF16], ids=lambda t: t.name)

@@ -73,6 +73,8 @@ class CudaBackend:
         # matrices() by their ids: (joined, first rows, the parts, held so that no other matrix takes their ids)
         self._joined: dict[tuple, tuple[QuantMatrix, list[int], list[QuantMatrix]]] = {}
         self._x8 = None   # (activations, their 8-bit form) from the last RMSNorm, GLU or attention that made both
+        self._grouped = None   # (experts, their cuda_experts.Grouping): a layer's products share its routing
+        self._capturing = False
 
     # ---------------------------------------------------------------- loading
     def vector(self, raw: np.ndarray, qtype: GGMLQuantizationType):
@@ -109,7 +111,11 @@ class CudaBackend:
     def capture(self, fn):
         """Record the GPU work of fn() into a CUDA graph without running it: -> (graph, fn's result);
         graph.launch() replays it (the runner's decode steps, engine/decode_graph.py)."""
-        return self.kernels.capture(fn)
+        self._capturing = True   # no waits for the GPU in a graph: prompts' expert grouping stays out
+        try:
+            return self.kernels.capture(fn)
+        finally:
+            self._capturing = False
 
     def device_input(self, name: str, values: np.ndarray):
         """Host values in the device buffer kept under `name` (a new buffer only if the shape changed)."""
@@ -267,7 +273,13 @@ class CudaBackend:
     def matmul_experts(self, x, w: QuantMatrix, experts, n_expert: int, weights=None, bias=None):
         """x through each token's experts of the stacked w (plus their bias) -> (T, k, out); with
         weights, summed -> (T, out)."""
-        return cuda_experts.matmul_experts(self.kernels, self._c(x), w, experts, n_expert, weights, bias)
+        grouping = None
+        if experts.shape[0] >= cuda_experts.GROUP_MIN_TOKENS and not self._capturing:
+            if self._grouped is None or self._grouped[0] is not experts:
+                self._grouped = (experts, cuda_experts.group(self.kernels, experts, n_expert))
+            grouping = self._grouped[1]
+        return cuda_experts.matmul_experts(self.kernels, self._c(x), w, experts, n_expert, weights, bias,
+                                           grouping, self._scratch)
 
     def swiglu_oai(self, gate, up, alpha: float, limit: float):
         return cuda_experts.swiglu_oai(self.kernels, self._c(gate), self._c(up), alpha, limit)
