@@ -254,6 +254,13 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         return await translated(request, responses_schemas.ResponsesRequest, responses.prepare,
                                 responses.ResponseRenderer)
 
+    @app.post(responses.PATH + "/input_tokens", dependencies=[Depends(authorized)])
+    async def count_input_tokens(request: Request):
+        body = _parse(responses_schemas.ResponsesRequest, await request.body())
+        loaded = await shared.model(request, body.model)
+        return await run_in_threadpool(responses.input_tokens, body, loaded.tokenizer, loaded.chat, loaded.defaults,
+                                       loaded.n_ctx)
+
     if web_page:
         webui.register(app)
     return app
