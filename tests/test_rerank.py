@@ -1,8 +1,10 @@
 """Reranking (engine/rerank.py, model/rank_head.py, `llogos embed --pooling rank`, `llogos serve
 --reranking`'s /v1/rerank and its aliases) on tiny-bert-rerank, a BERT cross-encoder, against
 transformers' scores (tests/fixtures/make_rerank_fixtures.py); and the decoder style of
-Qwen3-Reranker (a rerank template, the "yes"/"no" rows of the LM head, their softmax) on
-tiny-qwen3-embed given such a head."""
+Qwen3-Reranker (a rerank template, the "yes"/"no" rows of the LM head, their softmax): on
+tiny-qwen3-embed given such a head, and on tiny-qwen3-rerank, a tiny Qwen3-Reranker made by
+transformers and llama.cpp's converter, against transformers' probabilities of "yes", through the
+engine, `llogos embed` and /v1/rerank."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +30,11 @@ PAIRS = [("what is a fox", "the quick brown fox runs to the main street"),
          ("a", "a"),
          ("where is the main street", "the main street")]
 ATOL = 1e-5   # float32 rounding of a 2-layer model's score near 1; the GELU approximation is the oracle's too
+QWEN3 = HERE / "tiny-qwen3-rerank-f32.gguf"
 
 
-def oracle() -> dict:
-    return dict(np.load(HERE / f"{NAME}.oracle.npz"))
+def oracle(name: str = NAME) -> dict:
+    return dict(np.load(HERE / f"{name}.oracle.npz"))
 
 
 def split(o: dict, key: str) -> list[list[int]]:
@@ -115,6 +118,20 @@ def test_a_qwen3_reranker_scores_the_softmax_of_yes_and_no_at_the_last_token(tmp
     assert reranker.head.labels == ("yes", "no")
 
 
+def test_a_converter_made_qwen3_reranker_scores_as_transformers():
+    """Its prompts are the converter's rerank template read as transformers tokenizes it, and its
+    scores transformers' softmax of the "yes" and "no" logits after the last token."""
+    loaded = load(str(QWEN3), backend="cpu")
+    reranker = Reranker.from_file(loaded.model, loaded.source.file, loaded.tokenizer, 512)
+    want = oracle("tiny-qwen3-rerank")
+    prompts = [reranker.pair(q, d) for q, d in PAIRS]
+    assert [p.ids for p in prompts] == split(want, "ids")
+    assert reranker.head.labels == ("yes", "no") and not reranker.head.first_token
+    scores = reranker.scores(prompts)
+    np.testing.assert_allclose(scores[:, 0], want["scores"], atol=ATOL)
+    np.testing.assert_allclose(scores.sum(axis=1), 1.0, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------- the CLI
 
 def test_embed_pooling_rank_prints_a_score_a_line(env):  # noqa: F811
@@ -141,6 +158,14 @@ def test_embed_pooling_rank_of_a_qwen3_reranker_prints_each_label(env, tmp_path)
     lines = r.stdout.splitlines()
     assert [line.split()[-1] for line in lines] == ["[yes]", "[no]"]
     assert abs(sum(float(line.split()[-2]) for line in lines) - 1.0) < 2e-3
+
+
+def test_embed_of_a_converter_made_qwen3_reranker_prints_transformers_scores(env):  # noqa: F811
+    r = llogos(env, "embed", "-m", str(QWEN3), "--json", *[arg for q, d in PAIRS for arg in ("-p", f"{q}\t{d}")])
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["index"] for row in rows] == list(range(len(PAIRS)))
+    np.testing.assert_allclose([row["score"] for row in rows], oracle("tiny-qwen3-rerank")["scores"], atol=ATOL)
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -265,3 +290,27 @@ def test_distinct_concurrent_requests_on_a_cold_router(compiled, tmp_path_factor
         assert r.status_code == 400 and "no classification head" in r.json()["error"]["message"], r.text
     finally:
         finish(router)
+
+
+def test_v1_rerank_of_a_converter_made_qwen3_reranker(compiled, tmp_path_factory):
+    """Each query's documents ordered and scored as transformers scores them, whatever the batch."""
+    server = Server(compiled, tmp_path_factory.mktemp("qwen3") / "log", "-m", str(QWEN3), "--reranking",
+                    "-np", "2", "-c", "512")
+    want = oracle("tiny-qwen3-rerank")
+    try:
+        by_query: dict[str, list[int]] = {}
+        for i, (query, _) in enumerate(PAIRS):
+            by_query.setdefault(query, []).append(i)
+        for query, pairs in by_query.items():
+            r = server.post("/v1/rerank", {"query": query, "documents": [PAIRS[i][1] for i in pairs],
+                                           "return_documents": True})
+            assert r.status_code == 200, r.text
+            results = r.json()["results"]
+            order = sorted(range(len(pairs)), key=lambda j: -want["scores"][pairs[j]])
+            assert [x["index"] for x in results] == order
+            np.testing.assert_allclose([x["relevance_score"] for x in results], want["scores"][[pairs[j] for j in order]],
+                                       atol=ATOL)
+            assert [x["document"]["text"] for x in results] == [PAIRS[pairs[j]][1] for j in order]
+            assert r.json()["usage"]["prompt_tokens"] == sum(want["lengths"][pairs])
+    finally:
+        finish(server)

@@ -125,6 +125,8 @@ def test_the_stream_sends_named_events_in_order_and_agrees_with_the_whole_reply(
     assert start["usage"]["input_tokens"] == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
     assert delta["delta"]["stop_reason"] == whole.stop_reason and delta["usage"]["output_tokens"] == whole.usage.output_tokens
     assert "".join(d["delta"]["text"] for name, d in sent if name == "content_block_delta") == text_of(whole)
+    raw = client(smol).messages.create(model="m", max_tokens=12, extra_body=GREEDY, messages=HI, stream=True)
+    assert [e.type for e in raw] == [name for name, _ in sent if name != "ping"]   # the SDK passes no ping on
     with client(smol).messages.stream(model="m", max_tokens=12, extra_body=GREEDY, messages=HI) as stream:
         final = stream.get_final_message()
     assert text_of(final) == text_of(whole) and final.stop_reason == whole.stop_reason

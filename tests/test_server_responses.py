@@ -2,7 +2,7 @@
 input as text or items, instructions, the stream's typed events in order with their sequence
 numbers, function tools forced and auto with arguments valid for their schema, a function call's
 output round-tripped by call_id, structured output by text.format, an incomplete reply, hosted
-tools skipped, and errors in OpenAI's shape."""
+tools skipped, input_tokens counts exact, and errors in OpenAI's shape."""
 
 import json
 
@@ -86,7 +86,9 @@ def test_the_stream_sends_typed_events_in_order_and_agrees_with_the_whole_reply(
     assert final["output"][0]["content"][0]["text"] == whole.output_text and final["usage"]["output_tokens"] == \
         whole.usage.output_tokens
     with smol.client().responses.stream(model="m", input="Say hi to Ada.", max_output_tokens=12, temperature=0) as s:
-        text = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+        got = list(s)
+        assert [e.type for e in got] == names and [e.sequence_number for e in got] == list(range(len(sent)))
+        text = "".join(e.delta for e in got if e.type == "response.output_text.delta")
         assert text == whole.output_text and s.get_final_response().output_text == whole.output_text
 
 
@@ -136,6 +138,21 @@ def test_auto_may_call_and_a_call_output_continues_the_conversation(smol):
     assert answer.usage.input_tokens > plain.usage.input_tokens + 10   # the call and its output are in the prompt
 
 
+def test_input_tokens_count_is_the_prompt_a_real_request_runs(smol):
+    body = dict(input=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": ASK}],
+                tools=[WEATHER, {"type": "web_search"}], tool_choice="auto")
+    counted = smol.client().responses.input_tokens.count(model="m", **body)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == create(smol, max_output_tokens=1, **body).usage.input_tokens
+    as_instructions = smol.client().responses.input_tokens.count(model="m", instructions="Be brief.", input=ASK,
+                                                                 tools=[WEATHER], tool_choice="auto")
+    assert as_instructions.input_tokens == counted.input_tokens   # a developer message is the system message
+    without_tools = smol.client().responses.input_tokens.count(model="m", instructions="Be brief.", input=ASK)
+    assert without_tools.input_tokens < counted.input_tokens - 40
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        smol.client().responses.input_tokens.count(model="m", input=ASK, previous_response_id="resp_1")
+
+
 def test_text_format_json_schema_holds_the_output_to_it(smol):
     done = create(smol, input="Alice is 34. Give her name and age as JSON.", max_output_tokens=60,
                   text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}})
@@ -149,7 +166,9 @@ def test_text_format_json_schema_holds_the_output_to_it(smol):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input_image"),
     ({"input": "hi", "max_output_tokens": "5"}, "max_output_tokens", "max_output_tokens"),
     ({"input": "hi", "tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({"input": "hi", "max_output_tokens": 5000}, "max_tokens", "does not fit"),
+    ({"input": "hi", "max_output_tokens": 5000}, "max_output_tokens", "max_output_tokens 5000 does not fit"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}},
+     "text.format", "nonsense"),
 ])
 def test_bad_requests_are_openai_400s_naming_the_problem(smol, body, param, fragment):
     r = smol.post("/v1/responses", body)

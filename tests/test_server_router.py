@@ -2,8 +2,9 @@
 request served by the model its `model` field names, loaded on its first request (once, however many
 requests wait for it), the least recently used unloaded beyond --models-max or --models-memory (by
 each model's footprint), /models/load and /models/unload, an unload never cutting a running stream,
-/metrics per model, /v1/models listing every model with its status, and an unknown model as a 404
-naming the available ones."""
+/metrics per model, /v1/models listing every model with its status, a request's ?autoload=true|false
+over --models-autoload, a -md draft model counted in each model's footprint, and an unknown model as
+a 404 naming the available ones."""
 
 import asyncio
 import json
@@ -16,12 +17,15 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from tests.conftest import FIXTURES as SHARED_FIXTURES
 from tests.conftest import lazy_import, need
 from tests.vocab_fixtures import FIXTURES
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 from tests.test_server import Server
 from tests.test_server_native import compile_kernels
+from llogos_cli.engine.draft_model import draft_footprint
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
+from llogos_cli.engine.speculation import SpecParams
 from llogos_cli.model.loader import LoadOptions
 from llogos_cli.server.errors import ApiError
 from llogos_cli.server.router import HoldModels, Limits, Router
@@ -97,12 +101,15 @@ class Models:
         return Router({name: name for name in self.sizes}, self.open, self.load, self.unload, Limits(**limits))
 
 
-async def use(router: Router, name: str, until: asyncio.Event | None = None):
-    """A request to `name` through HoldModels, holding it until `until` is set: the model it got."""
+async def use(router: Router, name: str, until: asyncio.Event | None = None, got_it: asyncio.Event | None = None):
+    """A request to `name` through HoldModels, holding it until `until` is set (`got_it` set once it
+    has it): the model it got."""
     got = []
 
     async def app(scope, receive, send):
         got.append(await router.get(name))
+        if got_it is not None:
+            got_it.set()
         if until is not None:
             await until.wait()
 
@@ -170,10 +177,10 @@ def test_router_unload_during_use_waits_and_a_new_request_loads_again():
 
     async def main():
         router = models.router()
-        done = asyncio.Event()
-        holding = asyncio.ensure_future(use(router, "a", until=done))
-        while router.status("a")["value"] != "loaded":
-            await asyncio.sleep(0.01)
+        done, got_it = asyncio.Event(), asyncio.Event()
+        # once the request has the model: an unload between the load and its resuming would take it away
+        holding = asyncio.ensure_future(use(router, "a", until=done, got_it=got_it))
+        await got_it.wait()
         router.unload("a")
         later = asyncio.ensure_future(use(router, "a"))
         await asyncio.sleep(0.2)
@@ -185,6 +192,24 @@ def test_router_unload_during_use_waits_and_a_new_request_loads_again():
 
     asyncio.run(main())
     assert models.events == ["load a", "unload a", "load a"]
+
+
+def test_router_autoload_of_a_request_overrides_the_servers():
+    models = Models({"a": 1, "b": 1})
+
+    async def main():
+        router = models.router(autoload=False)
+        with pytest.raises(ApiError, match="not loaded"):
+            await router.get("a")
+        assert await router.get("a", autoload=True) is not None   # ?autoload=true loads it all the same
+        assert (await router.get("a", autoload=False)).name == "a"   # a loaded model serves either way
+        open_router = models.router(autoload=True)
+        with pytest.raises(ApiError, match="not loaded"):
+            await open_router.get("b", autoload=False)
+        assert open_router.status("b") == {"value": "unloaded"}
+
+    asyncio.run(main())
+    assert models.events == ["load a"]
 
 
 def test_models_load_on_demand_once_and_route_by_name(router):
@@ -273,6 +298,23 @@ def test_unload_waits_for_a_running_stream_and_a_new_request_loads_it_again(rout
     assert statuses(router)[model] == "loaded"
 
 
+def test_autoload_query_decides_per_request(router):
+    model = TINY[2]
+    if statuses(router)[model] != "unloaded":
+        assert post(router, "/models/unload", {"model": model}).json() == {"success": True}
+        wait_for_status(router, model, "unloaded")
+    body = {"model": model, "prompt": "x", "n_predict": 1}
+    for path in ("/completion?autoload=false", "/v1/completions?autoload=0"):
+        r = post(router, path, body)
+        assert r.status_code == 400 and "POST /models/load" in r.json()["error"]["message"], r.text
+    r = httpx.get(router.url + "/props", params={"model": model, "autoload": "false"}, timeout=10)
+    assert r.status_code == 400 and statuses(router)[model] == "unloaded"
+    r = post(router, "/completion?autoload=maybe", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "autoload", r.text
+    assert post(router, "/completion?autoload=true", body).json()["model"] == model
+    assert post(router, "/completion?autoload=false", body).status_code == 200   # loaded now: served either way
+
+
 def test_models_load_and_unload_endpoints(router):
     model = TINY[2]
     if statuses(router)[model] != "unloaded":
@@ -333,6 +375,33 @@ def test_model_larger_than_the_budget_is_refused_and_no_autoload_waits_for_a_loa
         assert statuses(server) == dict.fromkeys(TINY[:2], "unloaded")
         models = httpx.get(server.url + "/v1/models", timeout=10).json()["data"]
         assert models[0]["status"] == {"value": "unloaded", "failed": True} and "failed" not in models[1]["status"]
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0 and "Traceback" not in server.log.read_text()
+
+
+def test_draft_model_counts_in_each_routed_models_footprint(compiled, tmp_path):
+    """-md loads a draft model beside each routed model: the budget holds both models without their
+    drafts, not with them, so loading the second unloads the first."""
+    draft = need(SHARED_FIXTURES / "tiny-llama-f32.gguf")
+    options = LoadOptions(model_name=str(FIXTURES / f"{TINY[0]}.gguf"), ctx_size=128, backend="cpu")
+    draft_mib = draft_footprint(SpecParams(spec_draft_model=str(draft)), options, 128, 2) / 2 ** 20
+    sizes = [footprint_mib(name, 8) for name in TINY[:2]]
+    budget = int(sum(sizes)) + 1
+    assert draft_mib > 0.5 and sum(sizes) <= budget < sum(sizes) + 2 * draft_mib
+    server = Server(compiled, tmp_path / "log", *[a for name in TINY[:2] for a in ("-m", str(FIXTURES / f"{name}.gguf"))],
+                    "-md", str(draft), "--draft-p-min", "0", "--models-memory", str(budget), "--cache-ram", "8",
+                    "-np", "2", "-c", "128")
+    try:
+        complete(server, TINY[0], "hello world", n_predict=8)
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        drafted = re.search(rf'llogos_draft_tokens_total{{model="{TINY[0]}"}} (\S+)', text)
+        assert drafted and float(drafted.group(1)) > 0, text   # its draft model drafts
+        complete(server, TINY[1], "the cat sat")
+        assert statuses(server) == {TINY[0]: "unloaded", TINY[1]: "loaded"}
+        log = server.log.read_text()
+        for name, size in zip(TINY, sizes):
+            assert f"loaded {name} on cpu ({size + draft_mib:.0f} MiB)" in log
     finally:
         server.stop()
     assert server.proc.returncode == 0 and "Traceback" not in server.log.read_text()

@@ -20,7 +20,7 @@ from llogos_cli.cli.spec_options import speculation_options
 from llogos_cli.console import err, warn
 from llogos_cli.engine.batch import BatchEngine
 from llogos_cli.engine.conversation import TemplateChoice
-from llogos_cli.engine.draft_model import load_draft_model
+from llogos_cli.engine.draft_model import draft_footprint, load_draft_model
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE, CACHE_RAM_MIB
 from llogos_cli.engine.sampling import SamplingOverrides
 from llogos_cli.engine.speculation import SpecParams
@@ -79,10 +79,11 @@ GRACE_S = 3   # how long in-flight requests may run on after Ctrl-C or SIGTERM b
                    "unloaded. 0 = no limit.")
 @click.option("--models-memory", type=click.IntRange(min=0), default=0, show_default=True, metavar="MiB",
               help="Router mode (llogos' own): memory the loaded models may take together, each its weights as "
-                   "held and its KV pool; the least recently used idle ones are unloaded to make room. 0 = no budget.")
+                   "held and its KV pool, and its -md draft model's; the least recently used idle ones are "
+                   "unloaded to make room. 0 = no budget.")
 @click.option("--models-autoload/--no-models-autoload", default=True, show_default=True,
               help="Router mode: a request for a model that is not loaded loads it; without, it is refused until "
-                   "POST /models/load.")
+                   "POST /models/load. A request's ?autoload=true|false decides for itself.")
 @click.option("--slots/--no-slots", default=True, show_default=True,
               help="Serve GET /slots: what each slot is doing (llama-server's).")
 @click.option("--rerank", "--reranking", "reranking", is_flag=True,
@@ -145,7 +146,8 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
         reranker = load_reranker(reranking or pooling == "rank", m.model, opened, n_ctx)
         if isinstance(reranker, LlogosError):
             warn(f"{name}: /v1/rerank will answer 400: {reranker}")
-        footprint = model.footprint(opened, n_ctx, parallel, BLOCK_SIZE, cache_bytes, engine.n_blocks)
+        footprint = (model.footprint(opened, n_ctx, parallel, BLOCK_SIZE, cache_bytes, engine.n_blocks)
+                     + draft_footprint(speculation, model, n_ctx, parallel))
         return (LoadedModel(thread, opened.tokenizer, chat, defaults, n_ctx, name, str(opened.path), reranker,
                             None if pooling == "rank" else pooling, footprint), m.model.backend.name)
 
@@ -163,7 +165,9 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
 
     def open_routed(name: str, source: str):
         opened = replace(model, model_name=source).open(generates=False)
-        return opened, model.footprint(opened, model.n_ctx(opened), parallel, BLOCK_SIZE, cache_bytes)
+        n_ctx = model.n_ctx(opened)
+        return opened, (model.footprint(opened, n_ctx, parallel, BLOCK_SIZE, cache_bytes)
+                        + draft_footprint(speculation, model, n_ctx, parallel))
 
     def load_routed(name: str, opened, loop):
         loaded, backend = build(opened, name, loop, template.format_or_none(opened),

@@ -9,6 +9,8 @@ asked for or its best token's probability falls below --draft-p-min. Its drafts 
 so the target's check of them is the rule of engine/speculation.py, exact as it is for n-grams.
 """
 
+from dataclasses import replace
+
 import numpy as np
 
 from llogos_cli.engine.speculation import SpecParams, Speculator
@@ -66,6 +68,18 @@ def load_draft_model(params: SpecParams, options: LoadOptions, target: Loaded, n
     mf = open_model(params.spec_draft_model)
     check_vocabulary(target.tokenizer, mf.tokenizer)
     return load(mf, target.model.backend.name, options.cpu_weights, n_ctx, options.cache_types, n_slots).model
+
+
+def draft_footprint(params: SpecParams, options: LoadOptions, n_ctx: int, n_slots: int = 1) -> int:
+    """Bytes the -md model takes beside its target once loaded by load_draft_model (0 without -md): its
+    weights as held on the target's device and its cache, n_slots slots and the scratch one of n_ctx
+    positions each, of the backend's own cache type (DraftModel asks for no other); decided without
+    reading a weight."""
+    if params.spec_draft_model is None:
+        return 0
+    mf = open_model(params.spec_draft_model)
+    own_cache = replace(options, cache_type_k=None, cache_type_v=None)
+    return own_cache.footprint(mf, n_ctx, n_slots, 1, 0, n_blocks=(n_slots + 1) * n_ctx)
 
 
 def check_vocabulary(target, draft) -> None:

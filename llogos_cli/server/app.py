@@ -57,7 +57,7 @@ class LoadedModel:
     path: str = ""    # its GGUF file
     reranker: object = None   # server/rerank.load's: None where reranking is off
     pooling: str | None = None   # --pooling of its embeddings, None for the GGUF's
-    footprint: int = 0   # bytes: its weights as held and its KV pool (router mode's --models-memory)
+    footprint: int = 0   # bytes: its weights as held, its KV pool and its draft model (--models-memory)
 
 
 class ServerState:
@@ -77,10 +77,13 @@ class ServerState:
             raise ApiError(503, "Loading model", code="model_loading")
         return self.loaded
 
-    async def model(self, name: str | None) -> LoadedModel:
-        """The model a request names: in router mode that one, loaded if it is not; else the one model
-        (whatever the request names, as llama-server does)."""
-        return await self.router.get(name) if self.router is not None else self.ready()
+    async def model(self, request: Request, name: str | None) -> LoadedModel:
+        """The model a request names: in router mode that one, loaded if it is not (unless the server
+        or the request's `?autoload=false` says not to); else the one model (whatever the request
+        names, as llama-server does)."""
+        if self.router is None:
+            return self.ready()
+        return await self.router.get(name, _autoload(request.query_params.get("autoload")))
 
 
 def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = True, slots: bool = True) -> FastAPI:
@@ -151,14 +154,14 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
 
     @app.get("/props", dependencies=[Depends(authorized)])
     async def server_props(request: Request):
-        loaded = await shared.model(request.query_params.get("model"))
+        loaded = await shared.model(request, request.query_params.get("model"))
         return props(loaded.path, shared.metrics.n_slots, loaded, loaded.name)
 
     @app.get("/slots", dependencies=[Depends(authorized)])
     async def slot_states(request: Request):
         if not slots:
             raise ApiError(501, "this server does not serve /slots: start it with --slots")
-        loaded = await shared.model(request.query_params.get("model"))
+        loaded = await shared.model(request, request.query_params.get("model"))
         try:
             states = await loaded.engine.call(lambda: native.slots(loaded.engine.engine, shared.metrics.n_slots,
                                                                    loaded.defaults))
@@ -171,14 +174,14 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request):
         body = _parse(schemas.ChatCompletionRequest, await request.body())
-        loaded = await shared.model(body.model)
+        loaded = await shared.model(request, body.model)
         prepared = await run_in_threadpool(prepare_chat, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                            loaded.n_ctx)
         return await _answer(loaded, prepared, body, ChatRenderer, request)
 
     async def completion(request: Request, schema, prepare, renderer_class):
         body = _parse(schema, await request.body())
-        loaded = await shared.model(body.model)
+        loaded = await shared.model(request, body.model)
         prepared = await run_in_threadpool(prepare, body, loaded.tokenizer, loaded.defaults, loaded.n_ctx)
         return await _answer(loaded, prepared, body, renderer_class, request)
 
@@ -194,32 +197,32 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
     @app.post("/tokenize", dependencies=[Depends(authorized)])
     async def tokenize(request: Request):
         body = _parse(native.TokenizeRequest, await request.body())
-        return await run_in_threadpool(native.tokenize, body, (await shared.model(body.model)).tokenizer)
+        return await run_in_threadpool(native.tokenize, body, (await shared.model(request, body.model)).tokenizer)
 
     @app.post("/detokenize", dependencies=[Depends(authorized)])
     async def detokenize(request: Request):
         body = _parse(native.DetokenizeRequest, await request.body())
-        return await run_in_threadpool(native.detokenize, body, (await shared.model(body.model)).tokenizer)
+        return await run_in_threadpool(native.detokenize, body, (await shared.model(request, body.model)).tokenizer)
 
     @app.post("/apply-template", dependencies=[Depends(authorized)])
     async def apply_template(request: Request):
         body = _parse(native.ApplyTemplateRequest, await request.body())
-        return await run_in_threadpool(native.apply_template, body, (await shared.model(body.model)).chat)
+        return await run_in_threadpool(native.apply_template, body, (await shared.model(request, body.model)).chat)
 
     @app.post("/v1/embeddings", dependencies=[Depends(authorized)])
     async def v1_embeddings(request: Request) -> embeddings.EmbeddingList:
         body = _parse(embeddings.EmbeddingRequest, await request.body())
-        loaded = await shared.model(body.model)
+        loaded = await shared.model(request, body.model)
         return await embeddings.v1_embeddings(loaded, loaded.name, body)
 
     @app.post("/embedding", dependencies=[Depends(authorized)])
     async def llama_embedding(request: Request):
         body = _parse(embeddings.LlamaEmbeddingRequest, await request.body())
-        return await embeddings.llama_embedding(await shared.model(body.model), body)
+        return await embeddings.llama_embedding(await shared.model(request, body.model), body)
 
     async def reranking(request: Request):
         body = _parse(rerank.RerankRequest, await request.body())
-        loaded = await shared.model(body.model)
+        loaded = await shared.model(request, body.model)
         return await rerank.rerank(loaded, loaded.name, body)
 
     for path in rerank.PATHS:
@@ -229,7 +232,7 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         """An API translated onto the chat endpoint's: `prepare` gives the chat request its body means
         and that request's engine requests; the renderer writes the reply in the API's shape."""
         body = _parse(schema, await request.body())
-        loaded = await shared.model(body.model)
+        loaded = await shared.model(request, body.model)
         chat_body, prepared = await run_in_threadpool(prepare, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                                       loaded.n_ctx)
         return await _answer(loaded, prepared, chat_body, renderer_class, request)
@@ -242,7 +245,7 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
     @app.post(anthropic.PATH + "/count_tokens", dependencies=[Depends(authorized)])
     async def count_tokens(request: Request) -> anthropic_schemas.CountTokens:
         body = _parse(anthropic_schemas.CountTokensRequest, await request.body())
-        loaded = await shared.model(body.model)
+        loaded = await shared.model(request, body.model)
         return await run_in_threadpool(anthropic.count_tokens, body, loaded.tokenizer, loaded.chat, loaded.defaults,
                                        loaded.n_ctx)
 
@@ -251,9 +254,26 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         return await translated(request, responses_schemas.ResponsesRequest, responses.prepare,
                                 responses.ResponseRenderer)
 
+    @app.post(responses.PATH + "/input_tokens", dependencies=[Depends(authorized)])
+    async def count_input_tokens(request: Request):
+        body = _parse(responses_schemas.ResponsesRequest, await request.body())
+        loaded = await shared.model(request, body.model)
+        return await run_in_threadpool(responses.input_tokens, body, loaded.tokenizer, loaded.chat, loaded.defaults,
+                                       loaded.n_ctx)
+
     if web_page:
         webui.register(app)
     return app
+
+
+def _autoload(value: str | None) -> bool | None:
+    """llama-server's `?autoload=true|false`: whether this request may load its model (None: as the
+    server's --models-autoload says)."""
+    if value is None:
+        return None
+    if value not in ("true", "false", "1", "0"):
+        raise ApiError(400, f"autoload must be true or false, not '{value}'", param="autoload")
+    return value in ("true", "1")
 
 
 def _error_response(request: Request, e: ApiError) -> Response:

@@ -6,6 +6,7 @@ calls and the tool messages that answer them, text.format as response_format), w
 prepare_chat turns into the engine's Request. The reply comes back through the chat renderer as
 output items (reasoning, a message, function calls), streamed as the API's typed events, each with
 its sequence number. Nothing is stored: a request carries its whole conversation.
+/v1/responses/input_tokens counts the prompt such a request would run.
 """
 
 import json
@@ -28,6 +29,7 @@ Body = RootModel[dict[str, Any]]   # a response's JSON, built as the API's docum
 _NO_THINKING = ("none", "minimal")
 # The Responses API's efforts that gpt-oss's template does not name, as the nearest it does.
 _EFFORTS = {"none": "low", "minimal": "low", "xhigh": "high"}
+_FIELDS = {"max_tokens": "max_output_tokens", "response_format": "text.format"}   # the chat request's -> this API's
 
 
 # ---------------------------------------------------------------------------------------- requests
@@ -38,8 +40,19 @@ def prepare(body: api.ResponsesRequest, tokenizer, chat, defaults, n_ctx: int) -
         raise ApiError(400, "previous_response_id is not supported: this server keeps no responses; send the "
                        "whole conversation as input", param="previous_response_id")
     request = chat_request(body)
-    prepared = prepare_chat(request, tokenizer, chat, defaults, n_ctx)
+    try:
+        prepared = prepare_chat(request, tokenizer, chat, defaults, n_ctx)
+    except ApiError as e:   # named as this API names the field
+        if e.param in _FIELDS:
+            e.param, e.message = _FIELDS[e.param], e.message.replace(e.param, _FIELDS[e.param], 1)
+        raise
     return request, replace(prepared, id="resp_" + prepared.id.partition("-")[2])
+
+
+def input_tokens(body: api.ResponsesRequest, tokenizer, chat, defaults, n_ctx: int) -> dict:
+    """POST /v1/responses/input_tokens: exactly the prompt a response to this body would run."""
+    _, prepared = prepare(body, tokenizer, chat, defaults, n_ctx)
+    return {"object": "response.input_tokens", "input_tokens": len(prepared.requests[0].prompt)}
 
 
 def chat_request(body: api.ResponsesRequest) -> schemas.ChatCompletionRequest:

@@ -1,10 +1,11 @@
 """llama-server's router mode: several models behind one server, each request served by the model
 its `model` field names (a GET's `?model=`).
 
-A model loads on its first request (or /models/load), on a worker thread, with its own engine
+A model loads on its first request (or /models/load; not on a request where --no-models-autoload or
+the request's ?autoload=false says not to), on a worker thread, with its own engine
 thread; concurrent requests for a model that is loading wait on that one load. Before a load the
 router makes room for it: beyond --models-max models, or past --models-memory bytes of the models'
-footprints (weights as held and KV pool), it unloads the least recently used idle models first,
+footprints (weights as held and KV pool, and a -md draft model's), it unloads the least recently used idle models first,
 and where every model is busy the load waits for one to become idle rather than overrun the limit.
 
 A request holds the model it uses until its response has been sent, a stream's last chunk
