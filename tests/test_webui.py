@@ -44,7 +44,7 @@ def env():
 @pytest.fixture(scope="module")
 def smol(env, tmp_path_factory):
     server = Server(env, tmp_path_factory.mktemp("smol") / "log", "-m", "smollm2-135m", "-np", "2", "-c", "512",
-                    "--temp", "0", "-n", str(N_PREDICT))
+                    "--temp", "0", "-n", str(N_PREDICT), "--context-shift")
     yield server
     server.stop()
 
@@ -210,7 +210,16 @@ def test_reply_streams_in_pieces_and_the_conversation_survives_a_reload(page):
 
 
 def test_stop_frees_the_slot_then_regenerate_and_edit_resend(page, smol):
-    cancelled = 'llogos_requests_total{outcome="cancelled"}'
+    """The counts cannot end before the test stops them (no end of text, no limit, the context
+    shifted), and the engine's slot gauge says when the cancel has been taken: nothing here waits on
+    how fast the machine is."""
+    def endless(route):
+        body = json.loads(route.request.post_data)
+        if body["messages"][-1]["content"].startswith("Count"):
+            body |= {"max_tokens": 1_000_000, "ignore_eos": True}
+        route.continue_(post_data=json.dumps(body))
+    page.page.route("**/v1/chat/completions", endless)
+    cancelled, generated = 'llogos_requests_total{outcome="cancelled"}', "llogos_generated_tokens_total"
     before = smol.metrics()[cancelled]
     page.send("Count from 1 to 1000, one number per line.")
     wait_until(lambda: len(page.replies()[0]) > 20)   # polled here: the page's CSP forbids Playwright's eval
@@ -218,13 +227,13 @@ def test_stop_frees_the_slot_then_regenerate_and_edit_resend(page, smol):
     page.wait_idle()
     assert "Stopped." in page.page.inner_text(".message.assistant .meta")
     stopped = page.replies()[0]
-    wait_until(lambda: smol.metrics()[cancelled] > before, 10)
+    wait_until(lambda: smol.metrics()[cancelled] > before)
+    at_cancel = smol.metrics()[generated]
     # The step in flight when the cancel came may still emit its token; after it, nothing runs on.
-    generated = smol.metrics()["llogos_generated_tokens_total"]
+    wait_until(lambda: smol.metrics()["llogos_slots_busy"] == 0)
+    after = smol.metrics()[generated]
     time.sleep(1.5)
-    after = smol.metrics()["llogos_generated_tokens_total"]
-    time.sleep(1.5)
-    assert smol.metrics()["llogos_generated_tokens_total"] == after <= generated + 1
+    assert smol.metrics()[generated] == after <= at_cancel + 1
 
     page.page.click("text=Regenerate")
     wait_until(lambda: page.page.is_visible("#stop") and len(page.replies()[0]) > 20)
