@@ -4,7 +4,9 @@ A layer's cache holds keys and values as (n_slots, n_kv, n_ctx, row bytes) in f3
 q4_0 or iq4_nl rows (kv_cache.cuh), or, paged, as (n_blocks, n_kv, block_size, row bytes) that slots reach
 through device block tables (kv_where in kv_cache.cuh), which the kernels read as they run. Attention has two paths. Runs of up to FUSED_MAX_TOKENS queries (decode rows,
 short chunks) use the fused kernel, which streams each query's cached rows once in their stored
-type, all such runs of a batch in one launch. Longer runs (prompt chunks) gather their slot's
+type, all such runs of a batch in one launch; where the cache holds many positions a slot
+(split_chunks) that launch splits each query's keys into chunks over many blocks and merges their partial softmaxes
+(flash-decoding, attention_split.cu + attention_combine.cu). Longer runs (prompt chunks) gather their slot's
 cached rows to float32 and use two batched GEMMs around the softmax_lengths kernel: there each
 cached row serves hundreds of queries, and cuBLAS does that reuse far better than the fused
 kernel's one-query-per-block loop.
