@@ -1,7 +1,8 @@
 // Causal attention of a batch's queries over the KV cache, fused: scores, online softmax and the
 // weighted sum of values in one pass that reads each cached row once, in its stored type. Decode
-// rows and short runs use this; long prompt runs take the GEMM + softmax_lengths path, where
-// tensor-core matrix products outrun it.
+// rows and short runs use this where the cache holds few positions a slot (attention_split.cu
+// splits their keys over many blocks in a larger one: cuda_attention.split_chunks); long prompt runs take the GEMM +
+// softmax_lengths path, where tensor-core matrix products outrun it.
 //
 // Grid (n_head, T), ATTENTION_WARPS warps per block. Query t, at position pos[t] of cache slot
 // slots[t] (reached through the block tables in a paged cache, kv_where), sees that slot's keys in [max(0, pos[t] + 1 - window), pos[t] + 1) (window 0: all of

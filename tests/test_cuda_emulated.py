@@ -165,6 +165,20 @@ def test_attention_launches_short_runs_together(backend):
     assert cuda_attention._spans(runs) == [(0, 3, None), (3, 3 + long, 2), (3 + long, 5 + long, None)]
 
 
+def test_split_attention_rule(backend):
+    """Which fused launches split the keys: by the cache's positions a slot (paged: its blocks),
+    never by a query's depth, so that a captured decode step replays at any depth."""
+    split = cuda_attention.split_chunks
+    small = backend.kv_cache(2, cuda_attention.SPLIT_MIN_POSITIONS - 1, 8, 64, 64, "f16", "f16")
+    large = backend.kv_cache(2, cuda_attention.SPLIT_MIN_POSITIONS, 8, 64, 64, "f16", "f16")
+    assert split(small, 1, 32) == 1
+    assert split(large, 1, 32) == cuda_attention.SPLIT_MIN_POSITIONS // cuda_attention.SPLIT_MIN_KEYS
+    assert split(large, 1, 8 * cuda_attention.SPLIT_MAX_GROUP + 8) == 1         # groups wider than a block holds
+    assert split(large, cuda_attention.SPLIT_BLOCKS // 8, 32) == 1              # enough blocks unsplit
+    tables = backend.block_tables(2, cuda_attention.SPLIT_MIN_POSITIONS // 16)
+    assert split(backend.paged_kv_cache(tables, 8, 16, 8, 64, 64, "f16", "f16"), 1, 32) > 1
+
+
 def test_quantized_weights_stay_quantized(backend):
     raw = random_weights(np.random.default_rng(4), QType.Q4_K, 8, 256)
     w = backend.matrix(raw, QType.Q4_K, matmul=True)

@@ -4,7 +4,9 @@ A layer's cache holds keys and values as (n_slots, n_kv, n_ctx, row bytes) in f3
 q4_0 or iq4_nl rows (kv_cache.cuh), or, paged, as (n_blocks, n_kv, block_size, row bytes) that slots reach
 through device block tables (kv_where in kv_cache.cuh), which the kernels read as they run. Attention has two paths. Runs of up to FUSED_MAX_TOKENS queries (decode rows,
 short chunks) use the fused kernel, which streams each query's cached rows once in their stored
-type, all such runs of a batch in one launch. Longer runs (prompt chunks) gather their slot's
+type, all such runs of a batch in one launch; where the cache holds many positions a slot
+(split_chunks) that launch splits each query's keys into chunks over many blocks and merges their partial softmaxes
+(flash-decoding, attention_split.cu + attention_combine.cu). Longer runs (prompt chunks) gather their slot's
 cached rows to float32 and use two batched GEMMs around the softmax_lengths kernel: there each
 cached row serves hundreds of queries, and cuBLAS does that reuse far better than the fused
 kernel's one-query-per-block loop.
@@ -36,8 +38,10 @@ FUSED_MAX_TOKENS = 16
 # than SPLIT_MIN_KEYS keys: a chunk's partial (dv floats a head) is then small beside the rows it
 # reads, and a shallow query takes one chunk, as many blocks as the fused kernel's groups. Whether
 # to split is fixed by the cache's positions per slot, not by the depth, so that a captured decode
-# step replays at any depth (cuda_batch): a cache that holds fewer than 2 * SPLIT_MIN_KEYS
-# positions a slot never splits.
+# step replays at any depth (cuda_batch): a cache of fewer than SPLIT_MIN_POSITIONS positions a
+# slot never splits. That bound is not measured yet: below it a query has at most 4 chunks, and
+# the split costs a launch; bench_longctx's split and unsplit decode are the figures to set it by.
+SPLIT_MIN_POSITIONS = 1024
 SPLIT_BLOCKS = 512
 SPLIT_WARPS = 4          # SPLIT_WARPS in attention_split.cu
 SPLIT_MIN_KEYS = 256
@@ -144,6 +148,8 @@ def split_chunks(cache: KVCache, n_tok: int, n_head: int) -> int:
     if n_head // n_kv > SPLIT_MAX_GROUP:
         return 1
     positions = cache.k.shape[2] * (1 if cache.tables is None else cache.tables.shape[1])
+    if positions < SPLIT_MIN_POSITIONS:
+        return 1
     return max(1, min(cdiv(SPLIT_BLOCKS, n_tok * n_kv), positions // SPLIT_MIN_KEYS, SPLIT_MAX_CHUNKS))
 
 
