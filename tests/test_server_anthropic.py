@@ -1,7 +1,8 @@
 """`llogos serve`'s Anthropic Messages API through the official `anthropic` SDK: a reply, system
 blocks, stop sequences, the stream's named events in order, tools forced and auto with inputs valid
 for their schema, a tool result round-tripped, count_tokens against a real request's usage, the
-prefix cache in usage, max_tokens past the context, the key as x-api-key, and errors in Anthropic's shape."""
+prefix cache in usage, max_tokens past the context, the key as x-api-key, and errors in Anthropic's shape
+(a body over the size limit and an unknown route among them)."""
 
 import json
 
@@ -263,6 +264,19 @@ def test_bad_requests_are_anthropic_errors_naming_the_problem(smol, body, fragme
     if isinstance(body.get("max_tokens"), int):   # the SDK itself refuses to send the others
         with pytest.raises(anthropic.BadRequestError):
             client(smol).messages.create(**{"model": "m", **body})
+
+
+def test_a_huge_body_and_an_unknown_route_are_anthropic_errors_too(smol):
+    r = post(smol, "/v1/messages", b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "'
+             + b"a" * (9 * 2 ** 20) + b'"}]}')
+    assert r.status_code == 413 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "request_too_large" and "larger than" in r.json()["error"]["message"]
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        client(smol).messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "a" * (9 * 2 ** 20)}])
+    assert refused.value.status_code == 413 and refused.value.body["error"]["type"] == "request_too_large"
+    r = post(smol, "/v1/messages/batches", {"requests": []})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    assert post(smol, "/v1/messages", {"model": "m", "max_tokens": 1, "messages": HI}).status_code == 200
 
 
 def test_count_tokens_refuses_what_messages_refuses(smol):
