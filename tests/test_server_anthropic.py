@@ -192,6 +192,28 @@ def test_a_tool_result_turn_continues_the_conversation(smol):
         plain.usage.input_tokens + plain.usage.cache_read_input_tokens + 10
 
 
+def test_history_of_thinking_and_tool_result_blocks_in_every_form(smol):
+    """Claude Code sends back earlier thinking (signed, or redacted) and tool results as a string or
+    as blocks: thinking is dropped as chat templates drop reasoning, and a result's two forms are one prompt."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "unit": "celsius"}}
+
+    def turn(earlier: list, result) -> list:
+        return [*ASK, {"role": "assistant", "content": [*earlier, call]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result}]}]
+
+    def count(messages) -> int:
+        return client(smol).messages.count_tokens(model="m", messages=messages, tools=[WEATHER]).input_tokens
+
+    plain = count(turn([], "21 degrees"))
+    assert count(turn([], [{"type": "text", "text": "21 degrees"}])) == plain
+    thought = [{"type": "thinking", "thinking": "The user wants Paris.", "signature": "c2ln"},
+               {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}]
+    assert count(turn(thought, "21 degrees")) == plain
+    assert count(turn([], "21 degrees, clear sky and a light wind")) > plain
+    reply = create(smol, messages=turn(thought, "21 degrees"), tools=[WEATHER], max_tokens=8)
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == plain
+
+
 def test_output_config_format_holds_the_reply_to_its_schema(smol):
     from tests.test_server_tools import PERSON
     reply = create(smol, messages=[{"role": "user", "content": "Alice is 34. Give her name and age as JSON."}],
