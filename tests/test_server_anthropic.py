@@ -1,7 +1,8 @@
 """`llogos serve`'s Anthropic Messages API through the official `anthropic` SDK: a reply, system
 blocks, stop sequences, the stream's named events in order, tools forced and auto with inputs valid
 for their schema, a tool result round-tripped, count_tokens against a real request's usage, the
-prefix cache in usage, max_tokens past the context, the key as x-api-key, and errors in Anthropic's shape."""
+prefix cache in usage, max_tokens past the context, the key as x-api-key, and errors in Anthropic's shape
+(a body over the size limit and an unknown route among them)."""
 
 import json
 
@@ -191,6 +192,28 @@ def test_a_tool_result_turn_continues_the_conversation(smol):
         plain.usage.input_tokens + plain.usage.cache_read_input_tokens + 10
 
 
+def test_history_of_thinking_and_tool_result_blocks_in_every_form(smol):
+    """Claude Code sends back earlier thinking (signed, or redacted) and tool results as a string or
+    as blocks: thinking is dropped as chat templates drop reasoning, and a result's two forms are one prompt."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "unit": "celsius"}}
+
+    def turn(earlier: list, result) -> list:
+        return [*ASK, {"role": "assistant", "content": [*earlier, call]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result}]}]
+
+    def count(messages) -> int:
+        return client(smol).messages.count_tokens(model="m", messages=messages, tools=[WEATHER]).input_tokens
+
+    plain = count(turn([], "21 degrees"))
+    assert count(turn([], [{"type": "text", "text": "21 degrees"}])) == plain
+    thought = [{"type": "thinking", "thinking": "The user wants Paris.", "signature": "c2ln"},
+               {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}]
+    assert count(turn(thought, "21 degrees")) == plain
+    assert count(turn([], "21 degrees, clear sky and a light wind")) > plain
+    reply = create(smol, messages=turn(thought, "21 degrees"), tools=[WEATHER], max_tokens=8)
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == plain
+
+
 def test_output_config_format_holds_the_reply_to_its_schema(smol):
     from tests.test_server_tools import PERSON
     reply = create(smol, messages=[{"role": "user", "content": "Alice is 34. Give her name and age as JSON."}],
@@ -263,6 +286,19 @@ def test_bad_requests_are_anthropic_errors_naming_the_problem(smol, body, fragme
     if isinstance(body.get("max_tokens"), int):   # the SDK itself refuses to send the others
         with pytest.raises(anthropic.BadRequestError):
             client(smol).messages.create(**{"model": "m", **body})
+
+
+def test_a_huge_body_and_an_unknown_route_are_anthropic_errors_too(smol):
+    r = post(smol, "/v1/messages", b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "'
+             + b"a" * (9 * 2 ** 20) + b'"}]}')
+    assert r.status_code == 413 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "request_too_large" and "larger than" in r.json()["error"]["message"]
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        client(smol).messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "a" * (9 * 2 ** 20)}])
+    assert refused.value.status_code == 413 and refused.value.body["error"]["type"] == "request_too_large"
+    r = post(smol, "/v1/messages/batches", {"requests": []})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    assert post(smol, "/v1/messages", {"model": "m", "max_tokens": 1, "messages": HI}).status_code == 200
 
 
 def test_count_tokens_refuses_what_messages_refuses(smol):

@@ -153,6 +153,25 @@ def test_input_tokens_count_is_the_prompt_a_real_request_runs(smol):
         smol.client().responses.input_tokens.count(model="m", input=ASK, previous_response_id="resp_1")
 
 
+def test_history_of_reasoning_items_and_call_outputs_in_every_form(smol):
+    """Codex sends back earlier reasoning items and outputs as text or as parts: reasoning is dropped as
+    chat templates drop it, and an output's two forms are one prompt."""
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+            "arguments": '{"city": "Paris", "unit": "celsius"}'}
+
+    def count(earlier: list, output) -> int:
+        items = [{"role": "user", "content": ASK}, *earlier, call,
+                 {"type": "function_call_output", "call_id": "call_1", "output": output}]
+        return smol.client().responses.input_tokens.count(model="m", input=items, tools=[WEATHER]).input_tokens
+
+    plain = count([], "21 degrees")
+    assert count([], [{"type": "input_text", "text": "21 degrees"}]) == plain
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Paris, then."}],
+                 "encrypted_content": "ZW5jcnlwdGVk"}
+    assert count([reasoning], "21 degrees") == plain
+    assert count([], "21 degrees, clear sky and a light wind") > plain
+
+
 def test_text_format_json_schema_holds_the_output_to_it(smol):
     done = create(smol, input="Alice is 34. Give her name and age as JSON.", max_output_tokens=60,
                   text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}})

@@ -94,7 +94,7 @@ def create_app(shared: ServerState, max_body: int = MAX_BODY, web_page: bool = T
         shared.stop()
 
     app = FastAPI(title="llogos", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limit=max_body)
+    app.add_middleware(BodyLimit, limit=max_body, render=_error_for)
     app.add_middleware(HoldModels)
     app.add_middleware(RequestLog)   # outermost: it also sees what BodyLimit refuses
 
@@ -277,8 +277,12 @@ def _autoload(value: str | None) -> bool | None:
 
 
 def _error_response(request: Request, e: ApiError) -> Response:
-    """The error in the shape of the API the request was made to."""
-    if request.url.path.startswith(anthropic.PATH):
+    return _error_for(request.url.path, e)
+
+
+def _error_for(path: str, e: ApiError) -> Response:
+    """The error in the shape of the API at that path."""
+    if path.startswith(anthropic.PATH):
         return anthropic.error_response(e)
     return e.response()
 

@@ -14,15 +14,16 @@ class BodyLimit:
     then hands it to the app in one piece. Whatever a client declares in Content-Length, no more than
     the limit is ever held in memory."""
 
-    def __init__(self, app, limit: int = MAX_BODY):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int = MAX_BODY, render=lambda path, e: e.response()):
+        """render(path, error): the refusal in the shape of the API at that path."""
+        self.app, self.limit, self.render = app, limit, render
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send)
+            return await self._refuse(scope, send)
         body = bytearray()
         while True:
             message = await receive()
@@ -30,7 +31,7 @@ class BodyLimit:
                 return
             body += message.get("body", b"")
             if len(body) > self.limit:
-                return await self._refuse(send)
+                return await self._refuse(scope, send)
             if not message.get("more_body", False):
                 break
         replayed = False
@@ -44,8 +45,9 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send) -> None:
-        response = ApiError(413, f"the request body is larger than {self.limit} bytes", code="body_too_large").response()
+    async def _refuse(self, scope, send) -> None:
+        response = self.render(scope["path"], ApiError(413, f"the request body is larger than {self.limit} bytes",
+                                                       code="body_too_large"))
         response.headers["connection"] = "close"
         await response({"type": "http"}, _no_receive, send)
 
