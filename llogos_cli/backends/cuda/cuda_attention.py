@@ -273,7 +273,7 @@ def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int,
     values = get_rows(k, cache.v.reshape(-1, cache.v.shape[3]), _ROW_TYPE[cache.type_v], ids).reshape(n_kv, n, cache.dv)
     f16 = uses_f16(cache, n_tok)
     if f16:
-        keys = keys.astype(np.float16)
+        keys, values = keys.astype(np.float16), values.astype(np.float16)
     out = xp.empty((n_tok, n_head, cache.dv), np.float32)
     for t0 in range(0, n_tok, QUERY_CHUNK):
         t1 = min(n_tok, t0 + QUERY_CHUNK)
@@ -304,8 +304,8 @@ def uses_f16(cache: KVCache, n_tok: int) -> bool:
 
 def _products_f16(k, qc, keys, values, lengths, window: int, scale: float, softcap: float, sinks):
     """The chunk's attention with both products in f16 on tensor cores (gemm_f16: f16 inputs,
-    float32 sums): qc (kv, R, dk) float32 queries, keys (kv, n, dk) float16, values (kv, n, dv)
-    float32; -> (kv, R, dv). The queries are scaled before rounding (scores of unit size, not
+    float32 sums): qc (kv, R, dk) float32 queries, keys (kv, n, dk) and values (kv, n, dv)
+    float16; -> (kv, R, dv). The queries are scaled before rounding (scores of unit size, not
     scale^-1 times that). Error: docs/PERF.md, section flashpre."""
     xp = k.xp
     n_kv, n_rows, _ = qc.shape
@@ -315,7 +315,7 @@ def _products_f16(k, qc, keys, values, lengths, window: int, scale: float, softc
     for h in range(n_kv):
         k.gemm_f16(q16[h], xp.ascontiguousarray(keys[h]), scores[h])
     probs = cuda_ops.softmax_lengths(k, scores, lengths, window, 1.0, softcap, sinks).astype(np.float16)
-    values_t = xp.ascontiguousarray(values.transpose(0, 2, 1)).astype(np.float16)   # (kv, dv, n): gemm_f16's b
+    values_t = xp.ascontiguousarray(values.transpose(0, 2, 1))   # (kv, dv, n): gemm_f16's b
     o = xp.empty((n_kv, n_rows, dv), np.float32)
     for h in range(n_kv):
         k.gemm_f16(probs[h], values_t[h], o[h])
