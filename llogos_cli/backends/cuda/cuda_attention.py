@@ -305,8 +305,9 @@ def uses_f16(cache: KVCache, n_tok: int) -> bool:
 def _products_f16(k, qc, keys, values, lengths, window: int, scale: float, softcap: float, sinks):
     """The chunk's attention with both products in f16 on tensor cores (gemm_f16: f16 inputs,
     float32 sums): qc (kv, R, dk) float32 queries, keys (kv, n, dk) and values (kv, n, dv)
-    float16; -> (kv, R, dv). The queries are scaled before rounding (scores of unit size, not
-    scale^-1 times that). Error: docs/PERF.md, section flashpre."""
+    float16; -> (kv, R, dv). The queries are scaled before rounding, further from f16's largest
+    value (65504, which queries and cached rows are taken to stay within, as llama.cpp's f16
+    attention takes them). Error bound: docs/PERF.md, section flashpre."""
     xp = k.xp
     n_kv, n_rows, _ = qc.shape
     n, dv = keys.shape[1], values.shape[2]
@@ -314,7 +315,9 @@ def _products_f16(k, qc, keys, values, lengths, window: int, scale: float, softc
     scores = xp.empty((n_kv, n_rows, n), np.float32)
     for h in range(n_kv):
         k.gemm_f16(q16[h], xp.ascontiguousarray(keys[h]), scores[h])
-    probs = cuda_ops.softmax_lengths(k, scores, lengths, window, 1.0, softcap, sinks).astype(np.float16)
+    probs = cuda_ops.softmax_lengths(k, scores, lengths, window, 1.0, softcap, sinks)
+    del scores   # at most the float32 path's 8 bytes a score held at once: probabilities in f32, then f16
+    probs = probs.astype(np.float16)
     values_t = xp.ascontiguousarray(values.transpose(0, 2, 1))   # (kv, dv, n): gemm_f16's b
     o = xp.empty((n_kv, n_rows, dv), np.float32)
     for h in range(n_kv):
