@@ -813,6 +813,92 @@ def test_attention_sinks(backend, runs):
         assert relative_error(CPU.attention(q, caches[0], cpu_layout, 0.25, window), want) > 1e-2
 
 
+
+def _count_f16_gemms(backend, monkeypatch) -> list:
+    calls, gemm = [], backend.kernels.gemm_f16
+    monkeypatch.setattr(backend.kernels, "gemm_f16", lambda *args: (calls.append(1), gemm(*args)))
+    return calls
+
+
+@pytest.mark.parametrize("type_k, type_v", [("f32", "f32"), ("q8_0", "f16"), ("f16", "f32")])
+@pytest.mark.parametrize("window", [0, 7])
+@pytest.mark.parametrize("paged", [False, True], ids=["slots", "paged"])
+def test_prompt_chunks_multiply_only_the_keys_they_see(backend, type_k, type_v, window, paged, monkeypatch):
+    """Chunks of 8 queries of the long runs, each multiplying only the keys from its first query's
+    window to its last query: float32 GEMMs still, within the NumPy backend's rounding."""
+    monkeypatch.setattr(cuda_attention, "QUERY_CHUNK", 8)
+    f16 = _count_f16_gemms(backend, monkeypatch)
+    rng = np.random.default_rng(window + 3)
+    n_slots, n_ctx, n_kv, n_head, dk, dv, block = 5, 64, 2, 6, 64, 32, 8
+    if paged:
+        tables = rng.permutation(n_slots * n_ctx // block).astype(np.int32).reshape(n_slots, n_ctx // block)
+        caches = paged_caches(backend, tables, n_slots * n_ctx // block, block, n_kv, dk, dv, type_k, type_v)
+    else:
+        caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
+    runs = ATTENTION_BATCHES["long runs"]
+    _store(backend, caches, rng, [(slot, 0, n) for slot, n in HISTORY.items() if n], n_kv, dk, dv)
+    cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
+    q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
+    got = backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window)
+    assert_close(host(backend, got), CPU.attention(q, caches[0], cpu_layout, 0.125, window), rtol=2e-5)
+    assert not f16
+
+
+# Prompt runs in f16 (cuda_attention._products_f16): with u = 2^-11 (f16's rounding), a score
+# c q.k from f16 queries (scaled by c first) and f16 keys, summed in float32 over dk products,
+# is off by at most (2u + u^2 + 1.01 dk 2^-24) sum_i |c q_i k_i| =: d_j; a soft cap does not
+# widen that (its slope is at most 1). Scores each off by at most d = max_j d_j move every
+# probability by a factor within exp(+-2d) (numerator and denominator; a sink is exact). Then the
+# probabilities and values are rounded to f16 (a factor of (1 + u) each) and summed in float32
+# over n keys (n 2^-24): |out - exact| <= (exp(2d) (1 + u)^2 (1 + 2^-20) - 1 + 1.01 n 2^-24)
+# max_j |v_j|, the 2^-20 for float32's softmax, and as much again for the NumPy backend's error.
+def _f16_attention_bound(q, keys, values, scale: float, n_keys: int) -> np.ndarray:
+    """The bound above for queries q (T, H, dk) of one slot over its decoded keys (n_kv, n, dk)
+    and values (n_kv, n, dv), every cached key counted (a superset of those each query sees)."""
+    u, ulp32 = 2.0 ** -11, 2.0 ** -24
+    n_tok, n_head, dk = q.shape
+    group = n_head // keys.shape[0]
+    bounds = np.empty((n_tok, n_head))
+    for h in range(n_head):
+        kv = h // group
+        dots = np.abs(q[:, h].astype(np.float64) * scale) @ np.abs(keys[kv].astype(np.float64)).T   # (T, n)
+        d = (2 * u + u * u + 1.01 * dk * ulp32) * dots.max(axis=1)
+        factor = np.exp(2 * d) * (1 + u) ** 2 * (1 + 2.0 ** -20) - 1 + 1.01 * n_keys * ulp32
+        bounds[:, h] = (factor + 2.0 ** -20) * np.abs(values[kv]).max()
+    return bounds
+
+
+@pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "iq4_nl")])
+@pytest.mark.parametrize("window, softcap, sinks", [(0, 0.0, False), (7, 0.0, False), (0, 1.0, True)],
+                         ids=["causal", "window", "softcap-sinks"])
+def test_long_prompts_multiply_in_f16_within_the_float_bound(backend, type_k, type_v, window, softcap, sinks,
+                                                              monkeypatch):
+    """Runs of F16_MIN_TOKENS or more (here 17) from caches not of f32 rows take f16 tensor-core
+    products; each output within _f16_attention_bound of the NumPy backend's float32 one."""
+    monkeypatch.setattr(cuda_attention, "QUERY_CHUNK", 8)
+    monkeypatch.setattr(cuda_attention, "F16_MIN_TOKENS", cuda_attention.FUSED_MAX_TOKENS + 1)
+    f16 = _count_f16_gemms(backend, monkeypatch)
+    rng = np.random.default_rng(window + len(type_k))
+    n_slots, n_ctx, n_kv, n_head, dk, dv = 5, 64, 2, 6, 64, 32
+    caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
+    runs = ATTENTION_BATCHES["long runs"]
+    _store(backend, caches, rng, [(slot, 0, n) for slot, n in HISTORY.items() if n], n_kv, dk, dv)
+    cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
+    q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
+    sink = np.array([3.0, -1.0, 0.5, 2.0, 0.0, 1.0], np.float32) if sinks else None
+    want = CPU.attention(q, caches[0], cpu_layout, 0.125, window, softcap, sink)
+    got = host(backend, backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window, softcap,
+                                          None if sink is None else backend.xp.asarray(sink)))
+    # Two long runs, each 3 chunks of 8 queries, 2 products of n_kv heads a chunk.
+    assert len(f16) == 2 * 3 * 2 * n_kv
+    keys = _decoded(CPU, caches[0], "k", type_k).reshape(n_slots, n_kv, n_ctx, dk)
+    values = _decoded(CPU, caches[0], "v", type_v).reshape(n_slots, n_kv, n_ctx, dv)
+    errors = np.abs(got - want).max(axis=2)
+    for slot, t0, t1 in cpu_layout.runs:
+        bound = _f16_attention_bound(q[t0:t1], keys[slot], values[slot], 0.125, n_ctx)
+        assert (errors[t0:t1] <= bound).all(), f"slot {slot}: {errors[t0:t1].max()} past {bound.min()}"
+    assert errors.max() > 2e-5 * np.abs(want).max()   # the f16 rounding shows: not the float32 path
+
 # Decode at depth, where a fused launch splits each query's keys into chunks (attention_split.cu,
 # attention_combine.cu): slots holding 1000-3000 keys in a cache of 3072 positions a slot, so 12
 # chunks of 256 keys, the deepest query's last one partial, a shallower one's leaving chunks empty;

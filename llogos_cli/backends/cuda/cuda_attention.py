@@ -9,7 +9,9 @@ type, all such runs of a batch in one launch; where the cache holds many positio
 (flash-decoding, attention_split.cu + attention_combine.cu). Longer runs (prompt chunks) gather their slot's
 cached rows to float32 and use two batched GEMMs around the softmax_lengths kernel: there each
 cached row serves hundreds of queries, and cuBLAS does that reuse far better than the fused
-kernel's one-query-per-block loop.
+kernel's one-query-per-block loop. Each chunk of QUERY_CHUNK queries multiplies only the keys
+its queries see, and runs of F16_MIN_TOKENS or more from caches not of f32 rows multiply in f16
+on tensor cores (f32 sums), within the bound docs/PERF.md (section flashpre) derives.
 """
 
 from dataclasses import dataclass
@@ -47,6 +49,10 @@ SPLIT_WARPS = 4          # SPLIT_WARPS in attention_split.cu
 SPLIT_MIN_KEYS = 256
 SPLIT_MAX_GROUP = 8      # MAX_GROUP in attention_split.cu: query heads a block holds
 SPLIT_MAX_CHUNKS = 256   # MAX_CHUNKS in attention_combine.cu
+# Prompt runs of this many queries or more multiply in f16 on tensor cores (_products_f16), the
+# scores and the weighted values alike; shorter ones keep float32 GEMMs, within the NumPy backend's
+# rounding. Not measured yet: bench_longctx's prefill at 8192 is the figure to set it by.
+F16_MIN_TOKENS = 512
 _THREADS = 256
 _COMBINE_THREADS = 128   # COMBINE_THREADS in attention_combine.cu
 
@@ -244,7 +250,10 @@ def _split(k, q, cache: KVCache, slots, pos, scale: float, window: int, softcap:
 def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int, softcap: float, sinks,
           causal: bool = True):
     """One run of q (T, H, dk) at positions pos0.. of `slot`, each query up to its own position
-    or (not causal) up to the run's last; -> (T, H, dv)."""
+    or (not causal) up to the run's last; -> (T, H, dv). Each chunk of QUERY_CHUNK queries
+    multiplies only the keys one of its queries sees (causal: none past its last query; window:
+    none before its first query's window), and a run of F16_MIN_TOKENS or more from a cache not
+    of f32 rows multiplies in f16 on tensor cores (_products_f16)."""
     xp = k.xp
     n_tok, n_head, dk = q.shape
     _, n_kv, span, _ = cache.k.shape   # positions per block (unpaged: a slot is one block of n_ctx)
@@ -262,16 +271,55 @@ def _gemm(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int,
     ids = xp.asarray(rows.ravel().astype(np.int32))
     keys = get_rows(k, cache.k.reshape(-1, cache.k.shape[3]), _ROW_TYPE[cache.type_k], ids).reshape(n_kv, n, dk)
     values = get_rows(k, cache.v.reshape(-1, cache.v.shape[3]), _ROW_TYPE[cache.type_v], ids).reshape(n_kv, n, cache.dv)
+    f16 = uses_f16(cache, n_tok)
+    if f16:
+        keys, values = keys.astype(np.float16), values.astype(np.float16)
     out = xp.empty((n_tok, n_head, cache.dv), np.float32)
     for t0 in range(0, n_tok, QUERY_CHUNK):
         t1 = min(n_tok, t0 + QUERY_CHUNK)
+        # The keys [a, b) (counted from `start`) that some query of the chunk sees.
+        a = max(0, pos0 + t0 + 1 - window - start) if window and causal else 0
+        b = pos0 + t1 - start if causal else n
         qc = q[t0:t1].reshape(t1 - t0, n_kv, group, dk).transpose(1, 2, 0, 3).reshape(n_kv, group * (t1 - t0), dk)
-        scores = xp.matmul(qc, keys.transpose(0, 2, 1))                       # (kv, g*t, n)
-        # Query t sees the keys before pos0 + t + 1 (not causal: all n), counted from `start`.
-        seen = (np.arange(pos0 + t0 + 1 - start, pos0 + t1 + 1 - start, dtype=np.int32) if causal
-                else np.full(t1 - t0, n, np.int32))
-        lengths = np.tile(seen, n_kv * group)
-        probs = cuda_ops.softmax_lengths(k, scores, xp.asarray(lengths), window, scale, softcap, sinks)  # rows by head
-        o = xp.matmul(probs, values)                                           # (kv, g*t, dv)
+        # Query t sees the keys before pos0 + t + 1 (not causal: all of them), counted from `a`.
+        seen = (np.arange(pos0 + t0 + 1 - start - a, pos0 + t1 + 1 - start - a, dtype=np.int32) if causal
+                else np.full(t1 - t0, b - a, np.int32))
+        lengths = xp.asarray(np.tile(seen, n_kv * group))
+        if f16:
+            o = _products_f16(k, qc, keys[:, a:b], values[:, a:b], lengths, window, scale, softcap, sinks)
+        else:
+            scores = xp.matmul(qc, keys[:, a:b].transpose(0, 2, 1))                 # (kv, g*t, b-a)
+            probs = cuda_ops.softmax_lengths(k, scores, lengths, window, scale, softcap, sinks)  # rows by head
+            o = xp.matmul(probs, values[:, a:b])                                    # (kv, g*t, dv)
         out[t0:t1] = o.reshape(n_kv, group, t1 - t0, cache.dv).transpose(2, 0, 1, 3).reshape(t1 - t0, n_head, -1)
     return out
+
+
+def uses_f16(cache: KVCache, n_tok: int) -> bool:
+    """Whether a prompt run of n_tok queries takes f16 tensor-core products (_products_f16): runs
+    of F16_MIN_TOKENS or more, from caches of f16 or quantized rows (an f32 cache asks for float32
+    attention, and may hold values past f16's range)."""
+    return n_tok >= F16_MIN_TOKENS and "f32" not in (cache.type_k, cache.type_v)
+
+
+def _products_f16(k, qc, keys, values, lengths, window: int, scale: float, softcap: float, sinks):
+    """The chunk's attention with both products in f16 on tensor cores (gemm_f16: f16 inputs,
+    float32 sums): qc (kv, R, dk) float32 queries, keys (kv, n, dk) and values (kv, n, dv)
+    float16; -> (kv, R, dv). The queries are scaled before rounding, further from f16's largest
+    value (65504, which queries and cached rows are taken to stay within, as llama.cpp's f16
+    attention takes them). Error bound: docs/PERF.md, section flashpre."""
+    xp = k.xp
+    n_kv, n_rows, _ = qc.shape
+    n, dv = keys.shape[1], values.shape[2]
+    q16 = (qc * np.float32(scale)).astype(np.float16)
+    scores = xp.empty((n_kv, n_rows, n), np.float32)
+    for h in range(n_kv):
+        k.gemm_f16(q16[h], xp.ascontiguousarray(keys[h]), scores[h])
+    probs = cuda_ops.softmax_lengths(k, scores, lengths, window, 1.0, softcap, sinks)
+    del scores   # at most the float32 path's 8 bytes a score held at once: probabilities in f32, then f16
+    probs = probs.astype(np.float16)
+    values_t = xp.ascontiguousarray(values.transpose(0, 2, 1))   # (kv, dv, n): gemm_f16's b
+    o = xp.empty((n_kv, n_rows, dv), np.float32)
+    for h in range(n_kv):
+        k.gemm_f16(probs[h], values_t[h], o[h])
+    return o
