@@ -1,12 +1,16 @@
 """CPU time per decode token on the CPU backend, whole and by backend op: a figure that holds on a
 busy machine at one thread, where no thread waits for another (docs/PERF.md, fourteenth session).
 
-    PYTHONPATH=. python bench/profile_token.py MODEL [--threads 1] [--tokens 48] [--ops]
+    PYTHONPATH=. python bench/profile_token.py MODEL [--threads 1] [--tokens 48] [--ops] [--rest]
 
 MODEL is a models.toml name or a .gguf path, loaded with --cpu-weights quantized. Three batches of
 --tokens decode steps after a 17-token prompt, each batch's CPU ms and wall ms a token; with --ops,
 one more batch with a timer around each backend op the forward pass calls (calls, wall and CPU a
-token; matmuls holds the products that matmul passes on).
+token; matmul holds matmul_add's products, whose residual add is in no op's figure, and matmuls the
+joined q/k/v and gate/up). With --rest, three more batches with the integer products' kernels
+replaced by a fill of their outputs: CPU ms a token of all the rest, the part of a token that runs
+on one thread however many the products share (the fill costs a little: the LM head's is a
+vocabulary's floats).
 """
 
 import argparse
@@ -16,6 +20,7 @@ import time
 import llogos_cli  # noqa: F401  (before NumPy: llogos' thread settings)
 import numpy as np
 
+from llogos_cli.backends.cpu import cpu_quant_int8
 from llogos_cli.model.loader import load
 
 OPS = ("embed", "matmul", "matmuls", "rmsnorm", "rope_kv_store", "kv_store", "attention", "glu", "add",
@@ -66,12 +71,32 @@ def timed_ops(model, n: int) -> dict:
     return stats
 
 
+def without_products(model, n: int) -> list[float]:
+    """CPU ms a token over three batches of n decode steps, the integer products' kernels (one
+    matrix's and several's) replaced by a fill of their outputs with a small normal float (not
+    left as they come, which could hold NaN or subnormals that slow the steps after them)."""
+    def one(raw, code, x, xq, dx, xs, out, *rest):
+        out.fill(0.01)
+
+    def several(raws, codes, firsts, x, xq, dx, xs, outs, *rest):
+        for out in outs:
+            out.fill(0.01)
+
+    kept = cpu_quant_int8.matvec8_one, cpu_quant_int8.matvec8
+    cpu_quant_int8.matvec8_one, cpu_quant_int8.matvec8 = one, several
+    try:
+        return [decode(model, started(model, n), n)[0] for _ in range(3)]
+    finally:
+        cpu_quant_int8.matvec8_one, cpu_quant_int8.matvec8 = kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--ops", action="store_true")
+    parser.add_argument("--rest", action="store_true")
     args = parser.parse_args()
     model = load(args.model, "cpu", "quantized", n_ctx=len(PROMPT) + args.tokens + 8,
                  threads=(args.threads, args.threads)).model
@@ -82,6 +107,9 @@ def main() -> None:
         for name, (calls, wall, cpu) in sorted(timed_ops(model, args.tokens).items(), key=lambda kv: -kv[1][2]):
             n = args.tokens
             print(f"  {name:14s} {calls / n:6.1f} calls  wall {wall / n * 1e3:7.3f} ms  CPU {cpu / n * 1e3:7.3f} ms a token")
+    if args.rest:
+        print(f"-t {args.threads}: CPU ms / token but the integer products' kernels "
+              f"{' '.join(f'{c:.2f}' for c in without_products(model, args.tokens))}")
 
 
 if __name__ == "__main__":

@@ -191,6 +191,28 @@ def test_a_token_s_product_does_not_depend_on_the_tokens_beside_it(qtype, isa):
         assert np.array_equal(qm(x[t:t + 1].copy(), rows, qtype)[0], together[t])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", (QType.Q4_1, QType.Q6_K), ids=lambda t: t.name)
+def test_a_decode_token_s_call_laid_out_with_its_route_gives_the_general_path_s_bits(qtype, isa):
+    """One contiguous token through one matrix runs the call kept on its route (route.one); the
+    same token as a strided view takes the general path: the same bits. A token of another width
+    is refused, not multiplied."""
+    rng = np.random.default_rng(int(qtype) + 11)
+    raw = random_rows(qtype, 37, 2 * K_BLOCK, rng)
+    qm = cpu_quant.QuantMatmul(isa)
+    route = qm.route([(qm.pack(raw, qtype), qtype)])
+    assert route.one is not None
+    x = rng.standard_normal((1, 2 * K_BLOCK)).astype(np.float32)
+    spread = np.zeros((1, 4 * K_BLOCK), np.float32)
+    spread[:, ::2] = x
+    assert not spread[:, ::2].flags.c_contiguous
+    fast, general = qm.run(x, route)[0], qm.run(spread[:, ::2], route)[0]
+    assert fast.shape == (1, 37) and np.array_equal(fast, general)
+    assert np.array_equal(fast[0], qm.run(np.concatenate([x, x]), route)[0][1])   # and a token among others
+    with pytest.raises(AssertionError):
+        qm.run(x[:, :K_BLOCK].copy(), route)
+
+
 @pytest.mark.parametrize("isa", [*ISAS, "float"])
 def test_products_sharing_an_input_are_each_alone(isa):
     """q, k and v (gate and up) in one call: matrices of several types, plain and K, each of its

@@ -43,3 +43,22 @@ def test_fused_matches_rope_then_store(paged, neox, dims, with_factors, attn_fac
     np.testing.assert_array_equal(caches[0].v, caches[1].v)
     assert np.any(caches[0].k != 0) and not np.array_equal(fused[..., :dims], q[..., :dims])
     np.testing.assert_array_equal(fused[..., dims:], q[..., dims:])   # past the rotated pairs: copied
+
+
+def test_layers_of_one_step_each_turn_by_their_own_rotation():
+    """rope_kv_store keeps a step's table with its layout for the next layer: a layer of another
+    base or other factors in the same step (Gemma 3's local and global layers) turns by its own."""
+    rng = np.random.default_rng(3)
+    b = NumpyBackend("quantized")
+    slots, pos = np.array([0, 2], np.int32), np.array([5, 17], np.int32)
+    q = rng.standard_normal((2, 4, 32), dtype=np.float32)
+    k = rng.standard_normal((2, 2, 32), dtype=np.float32)
+    factors = rng.uniform(1, 4, 16).astype(np.float32)
+    layout = b.batch_layout(slots, pos)
+    for turn in ((32, 10000.0, 1.0, True, None, 1.0), (32, 1e6, 1.0, True, None, 1.0),
+                 (32, 1e6, 1.0, True, factors, 1.0), (32, 1e6, 0.25, True, factors, 1.0), (32, 1e6, 1.0, True, None, 1.0)):
+        cache = b.kv_cache(3, 32, 2, 32, 32, "f32", "f32")
+        fused = b.rope_kv_store(cache, q, k, k, layout, *turn)
+        alone = NumpyBackend("quantized")   # nothing kept from another rotation
+        np.testing.assert_array_equal(fused, alone.rope(q, pos, *turn))
+        np.testing.assert_array_equal(cache.k[slots, :, pos], alone.rope(k, pos, *turn))

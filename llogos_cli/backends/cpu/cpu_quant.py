@@ -231,6 +231,14 @@ class QuantMatmul:
 
     def run(self, x: np.ndarray, route: "_Route") -> list[np.ndarray]:
         """The products of a route's matrices with x."""
+        one = route.one
+        if one is not None and x.shape == one[0] and x.dtype == np.float32 and x.flags.c_contiguous:
+            # one token through one integer call: the call's arguments were laid out with the route
+            # (each product's Python ran about as long as the kernel of a small model's matrix)
+            _, raw, code, arrays, chunks, family = one
+            out = np.empty((1, raw.shape[0]), np.float32)
+            cpu_quant_int8.matvec8_one(raw, code, x, *arrays, out, self._isa_arg, parts(chunks, self.threads), family)
+            return [out]
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, np.float32)
         assert x.shape[1] in route.features, f"x has {x.shape[1]} features, not a row's of every matrix"
@@ -264,7 +272,12 @@ class QuantMatmul:
         features = set.intersection(*(set(self._features(raw, qtype)) for raw, qtype in matrices))
         int8 = [(k_type, idx, self._plan([matrices[i] for i in idx])) for k_type, idx in chosen.items()]
         alone = (int8[0][2], int8[0][0]) if not others and len(int8) == 1 else None
-        route = _Route(list(matrices), frozenset(features), others, int8, alone)
+        one = None
+        if alone is not None and alone[0][3] == 1 and len(features) == 1:   # a single matrix's call for one token
+            (plan, k_type), (cols,) = alone, features
+            arrays = self._activation_arrays(np.empty((1, cols), np.float32), k_type)   # rows for DOT_MAX_TOKENS
+            one = ((1, cols), plan[0][0], plan[1], arrays, plan[4], cpu_quant_int8.FAMILY_ARG[k_type])
+        route = _Route(list(matrices), frozenset(features), others, int8, alone, one)
         if len(self._routes) >= ROUTES_KEPT:
             self._routes.clear()
         self._routes[tuple(id(raw) for raw, _ in matrices)] = route
@@ -346,3 +359,5 @@ class _Route:
     others: list          # the matrices not multiplied in integers
     int8: list            # (K types or not, their indices, their kernels' arguments)
     alone: tuple | None   # (arguments, K types or not) where one integer call makes every product
+    one: tuple | None     # (x's shape, rows, type code, activation arrays, chunks, family): where alone's is
+                          # one matrix, the call for a single token (a decode step's) without looking any of it up

@@ -58,7 +58,7 @@ class _Products:
     """How matmuls multiplies a list of matrices."""
     ws: list                    # held, so that no other matrix takes the identity of one
     route: object               # QuantMatmul's route of their products in blocks; None where one is float32
-    firsts: list | None         # where they were joined into one matrix: each one's first row, and the end
+    columns: list | None        # where they were joined into one matrix: each one's columns of its product (slices)
 
 
 class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
@@ -123,8 +123,9 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
             return [self.matrix(raw, qtype, matmul=True) for raw in raws]
         joined = self.quant_matmul.pack_joined(raws, qtype)
         firsts = np.cumsum([0] + [raw.shape[0] for raw in raws]).tolist()
-        ms = [Matrix(raw, qtype, None, True, joined[firsts[i]:firsts[i + 1]]) for i, raw in enumerate(raws)]
-        self._joined[tuple(map(id, ms))] = _Products(ms, self.quant_matmul.route([(joined, qtype)]), firsts)
+        columns = [slice(firsts[i], firsts[i + 1]) for i in range(len(raws))]
+        ms = [Matrix(raw, qtype, None, True, joined[rows]) for raw, rows in zip(raws, columns)]
+        self._joined[tuple(map(id, ms))] = _Products(ms, self.quant_matmul.route([(joined, qtype)]), columns)
         return ms
 
     @property
@@ -234,19 +235,20 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
             if not 1 < x.shape[0] <= _FEW_ROWS:
                 return x @ w.dense.T
             return (w.dense @ x.T).T
-        return self.matmuls(x, [w])[0]
+        products = self._routes.get((id(w),)) or self._products([w])
+        return self.quant_matmul.run(x, products.route)[0]
 
     def matmuls(self, x: np.ndarray, ws: list[Matrix]) -> list[np.ndarray]:
         """x times each of ws, which share it as their input: the quantized ones in one call."""
         products = self._routes.get(tuple(map(id, ws))) or self._products(ws)
         if products.route is None:
             return [self.matmul(x, w) for w in ws]
-        if products.firsts is None:
+        if products.columns is None:
             return self.quant_matmul.run(x, products.route)
         out = self.quant_matmul.run(x, products.route)[0]   # the joined matrix's product: each w's columns
-        firsts = products.firsts
-        parts = [out[:, firsts[i]:firsts[i + 1]] for i in range(len(ws))]
-        return parts if x.shape[0] == 1 else [np.ascontiguousarray(part) for part in parts]
+        if x.shape[0] == 1:
+            return [out[:, columns] for columns in products.columns]
+        return [np.ascontiguousarray(out[:, columns]) for columns in products.columns]
 
     def _products(self, ws: list[Matrix]) -> "_Products":
         """How matmuls multiplies ws, found once per list and kept."""
@@ -261,7 +263,10 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         return products
 
     def matmul_add(self, x: np.ndarray, w: Matrix, residual: np.ndarray) -> np.ndarray:
-        return self.add(residual, self.matmul(x, w))
+        out = self.matmul(x, w)
+        if out.shape != residual.shape or out.dtype != residual.dtype:   # NumPy's broadcast and promotion
+            return residual + out
+        return np.add(residual, out, out=out)   # the product's own new array takes the sum
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
@@ -285,6 +290,10 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
             return x / (np.float32(1) + np.exp(-x))
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        if self._jit and x.ndim == 2 and x.dtype == np.float32 and x.flags.c_contiguous and w.shape == x.shape[1:]:
+            out = np.empty_like(x)   # the forward pass's usual rows, without reshaping them there and back
+            self._norm.rmsnorm_rows(x, w, eps, out)
+            return out
         if self._jit and w.shape == x.shape[-1:]:
             rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
             out = np.empty_like(rows)
@@ -328,11 +337,17 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
                       attn_factor: float = 1.0) -> np.ndarray:
         """rope of q and k at the layout's positions, then kv_store of k and v; -> the turned q."""
         if self._jit and cache.type_k == "f32" == cache.type_v:   # one compiled call for all four
-            self._rope_table(layout.pos, dims, base, freq_scale, factors, attn_factor)
+            # every layer of the step alike: the table found once, kept with the step's layout (its
+            # factors held there, so that no other array takes their identity while it is kept)
+            key = ("rope", dims, base, freq_scale, id(factors), attn_factor)
+            kept = layout.memo.get(key)
+            if kept is None:
+                self._rope_table(layout.pos, dims, base, freq_scale, factors, attn_factor)
+                kept = layout.memo[key] = (factors, self._rope_cos_sin)
             first, at = layout.located(cache)
             out = np.empty(q.shape, np.float32)
             self._rope.rope_store_rows(np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k, np.float32),
-                                       np.ascontiguousarray(v, np.float32), *self._rope_cos_sin, neox, first, at,
+                                       np.ascontiguousarray(v, np.float32), *kept[1], neox, first, at,
                                        cache.k, cache.v, out)
             return out
         turn = (layout.pos, dims, base, freq_scale, neox, factors, attn_factor)
@@ -361,6 +376,9 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
     def glu(self, gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
         if self._jit and gate.ndim == 2:
             out = np.empty(gate.shape, np.float32)
+            if gate.dtype == up.dtype == np.float32 and gate.flags.c_contiguous and up.flags.c_contiguous:
+                self._glu.glu_rows(gate, up, gelu, out)
+                return out
             self._glu.glu_rows(np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32), gelu, out)
             return out
         if gelu:  # tanh approximation, as Gemma and llama.cpp use: ½ g (1 + tanh(√(2/π) g (1 + 0.044715 g²)))
