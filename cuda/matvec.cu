@@ -10,10 +10,19 @@
 // The matvec_add_* forms return r + x · Wᵀ (r shaped as y): a residual added in the product's
 // epilogue, one op as the add after the projection then needs no launch of its own. r + sum is the
 // add kernel's own float addition, so the result is bit for bit the product's and add.cu's.
+//
+// The matvec_norm_* forms (one token) take x before the RMSNorm that precedes the product in a
+// layer and the norm's weight nw: each thread block normalizes the row into shared memory first,
+// its scale summed as rmsnorm_f32 sums it in a block of norm_threads (rms_scale.cuh) and each
+// element x * s * nw as rmsnorm_f32 writes it, so y is bit for bit rmsnorm_f32's then matvec's,
+// in one launch instead of two (a small model's decode step is bound by its launches). Each block
+// reads the row and nw again (L2 hits); rows of up to MATVEC_NORM_COLS.
 #include "common.cuh"
 #include "quant_blocks.cuh"
+#include "rms_scale.cuh"
 
 #define MATVEC_MAX_TOKENS 8
+#define MATVEC_NORM_COLS 4096
 
 template <class Q, int R>
 __device__ void matvec_rows(const u8* w, const float* x, const float* add, float* y, int ncols, int nrows) {
@@ -80,6 +89,17 @@ __device__ void matvec(const u8* w, const float* x, const float* add, float* y, 
     }
 }
 
+template <class Q, int R>
+__device__ void matvec_norm(const u8* w, const float* x, const float* nw, float* y, int ncols, int nrows, float eps,
+                            int norm_threads) {
+    __shared__ float4 xn4[MATVEC_NORM_COLS / 4];  // float4s: aligned for matvec_rows' load_f4
+    float* xn = (float*)xn4;
+    const float s = rms_scale(x, ncols, eps, norm_threads);
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) xn[i] = x[i] * s * nw[i];
+    __syncthreads();
+    matvec_rows<Q, R>(w, xn, nullptr, y, ncols, nrows);
+}
+
 #define MATVEC_FORMS(form, type, add_param, add)                                                          \
     extern "C" __global__ void matvec##form##_##type(const u8* __restrict__ w,                            \
                                                      const float* __restrict__ x add_param,               \
@@ -98,11 +118,21 @@ __device__ void matvec(const u8* w, const float* x, const float* add, float* y, 
         matvec<type, MATVEC_MAX_TOKENS>(w, x, add, y, ncols, nrows, ntok);                                \
     }
 
-// Each form without and with the residual r (matvec_add_*), whose parameter follows x.
+// Each form without and with the residual r (matvec_add_*), whose parameter follows x, and the
+// one-token forms with the norm (matvec_norm_*).
 #define MATVEC_R , const float* __restrict__ r
 #define MATVEC(type)                \
     MATVEC_FORMS(, type, , nullptr) \
-    MATVEC_FORMS(_add, type, MATVEC_R, r)
+    MATVEC_FORMS(_add, type, MATVEC_R, r)                                                                    \
+    MATVEC_NORM_FORM(, type, 1)                                                                          \
+    MATVEC_NORM_FORM(_rows2, type, 2)
+
+#define MATVEC_NORM_FORM(form, type, R)                                                                  \
+    extern "C" __global__ void matvec_norm##form##_##type(const u8* __restrict__ w, const float* __restrict__ x, \
+                                                          const float* __restrict__ nw, float* __restrict__ y,  \
+                                                          int ncols, int nrows, float eps, int norm_threads) {  \
+        matvec_norm<type, R>(w, x, nw, y, ncols, nrows, eps, norm_threads);                              \
+    }
 
 MATVEC(f32)
 MATVEC(f16)

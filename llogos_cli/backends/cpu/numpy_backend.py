@@ -263,6 +263,9 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
     def matmul_add(self, x: np.ndarray, w: Matrix, residual: np.ndarray) -> np.ndarray:
         return self.add(residual, self.matmul(x, w))
 
+    def rmsnorm_matmuls(self, x: np.ndarray, norm: np.ndarray, eps: float, ws: list[Matrix]) -> list[np.ndarray]:
+        return self.matmuls(self.rmsnorm(x, norm, eps), ws)
+
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
 

@@ -26,11 +26,13 @@ from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_matmul import (
     QuantMatrix,
     GEMM_MIN_TOKENS,
+    MATVEC_NORM_COLS,
     Q8_RUN,
     Scratch,
     get_rows,
     int8_pays,
     matmul,
+    matvec_norm,
     q8_buffers,
     quantize_q8,
     upload,
@@ -152,7 +154,7 @@ class CudaBackend:
         the RMSNorm or GLU that made x, where it did). add: one product's residual (matmul_add)."""
         made = self._made_for(x)
         x, x8 = self._c(x), None
-        if self.products == "int8" and x.shape[0] < GEMM_MIN_TOKENS and int8_pays(ws):
+        if self._takes_int8(x.shape[0], ws):
             x8 = made if made is not None else quantize_q8(self.kernels, x)
         assert add is None or len(ws) == 1
         ys = []
@@ -160,6 +162,22 @@ class CudaBackend:
             y = matmul(self.kernels, x, w, self._scratch, x8, add)
             ys += [y] if firsts is None else [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
         return ys
+
+    def rmsnorm_matmuls(self, x, norm, eps: float, ws: list[QuantMatrix]) -> list:
+        """matmuls(rmsnorm(x, norm, eps), ws): one token's float products normalize x themselves
+        (cuda_matmul.matvec_norm, the same bits), which saves the norm's launch."""
+        if self._takes_int8(x.shape[0], ws) or x.shape != (1, ws[0].cols) or ws[0].cols > MATVEC_NORM_COLS:
+            return self.matmuls(self.rmsnorm(x, norm, eps), ws)
+        x, ys = self._c(x), []
+        for w, firsts in self._products(ws, True):
+            y = self.xp.empty((1, w.rows), np.float32)
+            matvec_norm(self.kernels, x, norm, eps, w, y)
+            ys += [y] if firsts is None else [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
+        return ys
+
+    def _takes_int8(self, n_tok: int, ws: list[QuantMatrix]) -> bool:
+        """Whether products of n_tok tokens' activations with ws multiply them in 8 bits."""
+        return self.products == "int8" and n_tok < GEMM_MIN_TOKENS and int8_pays(ws)
 
     def _products(self, ws: list[QuantMatrix], one_row: bool) -> list[tuple[QuantMatrix, list[int] | None]]:
         """ws as the products that multiply them: for one row, each run that matrices() joined as
