@@ -16,13 +16,10 @@
 // its scale summed as rmsnorm_f32 sums it in a block of norm_threads (rms_scale.cuh) and each
 // element x * s * nw as rmsnorm_f32 writes it, so y is bit for bit rmsnorm_f32's then matvec's,
 // in one launch instead of two (a small model's decode step is bound by its launches). Each block
-// reads the row and nw again (L2 hits); rows of up to MATVEC_NORM_COLS.
-#include "common.cuh"
-#include "quant_blocks.cuh"
-#include "rms_scale.cuh"
+// reads the row and nw again (L2 hits); rows of up to MATVEC_NORM_COLS (matvec_rows.cuh).
+#include "matvec_rows.cuh"
 
 #define MATVEC_MAX_TOKENS 8
-#define MATVEC_NORM_COLS 4096
 
 template <class Q, int R>
 __device__ void matvec_rows(const u8* w, const float* x, const float* add, float* y, int ncols, int nrows) {
@@ -34,27 +31,11 @@ __device__ void matvec_rows(const u8* w, const float* x, const float* add, float
 #pragma unroll
     for (int r = 0; r < R; r++)  // rows past the end read the last one again and store nothing
         blocks[r] = (const typename Q::block*)w + (i64)min(row0 + r, nrows - 1) * nblocks;
-
-    float acc[R] = {};
-    for (int i = lane; i < nblocks * Q::PARTS; i += WARP_SIZE) {
-        const int ib = i / Q::PARTS, part = i % Q::PARTS;
-        float4 xv[Q::GROUPS];
+    float sums[R];
+    dot_rows<Q, R>(blocks, x, nblocks, sums);
 #pragma unroll
-        for (int g = 0; g < Q::GROUPS; g++) xv[g] = load_f4(x + ib * Q::QK + Q::group_start(part, g));
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float v[4 * Q::GROUPS];
-            Q::decode(blocks[r] + ib, part, v);
-#pragma unroll
-            for (int g = 0; g < Q::GROUPS; g++)
-                acc[r] += v[4 * g] * xv[g].x + v[4 * g + 1] * xv[g].y + v[4 * g + 2] * xv[g].z + v[4 * g + 3] * xv[g].w;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float sum = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < nrows) y[row0 + r] = add ? add[row0 + r] + sum : sum;
-    }
+    for (int r = 0; r < R; r++)
+        if (lane == 0 && row0 + r < nrows) y[row0 + r] = add ? add[row0 + r] + sums[r] : sums[r];
 }
 
 template <class Q, int NT>
@@ -92,12 +73,7 @@ __device__ void matvec(const u8* w, const float* x, const float* add, float* y, 
 template <class Q, int R>
 __device__ void matvec_norm(const u8* w, const float* x, const float* nw, float* y, int ncols, int nrows, float eps,
                             int norm_threads) {
-    __shared__ float4 xn4[MATVEC_NORM_COLS / 4];  // float4s: aligned for matvec_rows' load_f4
-    float* xn = (float*)xn4;
-    const float s = rms_scale(x, ncols, eps, norm_threads);
-    for (int i = threadIdx.x; i < ncols; i += blockDim.x) xn[i] = x[i] * s * nw[i];
-    __syncthreads();
-    matvec_rows<Q, R>(w, xn, nullptr, y, ncols, nrows);
+    matvec_rows<Q, R>(w, normed_row(x, nw, ncols, eps, norm_threads), nullptr, y, ncols, nrows);
 }
 
 #define MATVEC_FORMS(form, type, add_param, add)                                                          \

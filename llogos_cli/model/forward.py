@@ -279,11 +279,11 @@ class Model:
             return self._residual(p + "post_ffw_norm.weight", x, self._experts(p, self._rmsnorm(norm, x)))
         if self.cfg.fused_ffn:
             gate_up, = self._products(x, [w[p + "ffn_up.weight"]], norm)  # (T, 2 * n_ff)
-            gate, up = gate_up[:, :n_ff], gate_up[:, n_ff:]  # (T, n_ff) each
+            h = b.glu(gate_up[:, :n_ff], gate_up[:, n_ff:], self.cfg.gelu_ffn)  # (T, n_ff)
         else:
-            gate, up = self._products(x, [w[p + name + ".weight"] for name in GATE_UP], norm)  # (T, n_ff) each
-        return self._residual_product(p + "ffn_down", b.glu(gate, up, self.cfg.gelu_ffn), x,
-                                      p + "post_ffw_norm.weight")  # (T, n_embd)
+            h = b.glu_matmuls(x, *[w[p + name + ".weight"] for name in GATE_UP], self.cfg.gelu_ffn,
+                              w[norm] if norm else None, self.cfg.norm_eps)  # (T, n_ff)
+        return self._residual_product(p + "ffn_down", h, x, p + "post_ffw_norm.weight")  # (T, n_embd)
 
     def _experts(self, p: str, x):
         """Mixture of experts: each token through the n_expert_used experts its router picks, their

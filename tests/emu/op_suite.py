@@ -336,6 +336,36 @@ def test_products_normalize_their_input(backend, qtype, cols, monkeypatch):
                 assert_close(host(backend, y), cpu_h @ dense.T, rtol=1e-5, scale=np.abs(cpu_h) @ np.abs(dense).T)
 
 
+@pytest.mark.parametrize("qtype", [QType.Q4_1, QType.Q4_K, QType.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("gelu", [False, True], ids=["swiglu", "geglu"])
+def test_gate_and_up_products_apply_the_glu(backend, qtype, gelu):
+    """glu_matmuls(x, gate, up, gelu[, norm]): bit for bit glu of the products (of rmsnorm(x) with
+    the norm), within float32 of the NumPy backend's; one token's, gate and up joined, in one
+    launch (matvec_glu_*, matvec_norm_glu_*); several tokens', or gate and up apart, as before."""
+    rng = np.random.default_rng(int(qtype) + gelu)
+    cols, n = 1536, 36
+    raws = [random_weights(rng, qtype, n, cols) for _ in range(2)]
+    norm = rng.uniform(0.5, 2.0, cols).astype(np.float32)
+    joined, apart = backend.matrices(raws, qtype), [backend.matrix(raw, qtype, matmul=True) for raw in raws]
+    suffix = cuda_matmul.TYPE_SUFFIX[qtype]
+    for ws in (joined, apart):
+        for n_tok in (1, 3):
+            x = _wide_range_activations(rng, n_tok, cols) / (1e3 if gelu else 1)
+            for normed in (False, True):
+                launched = len(getattr(backend.kernels, "launched", ()))
+                nw = backend.xp.asarray(norm) if normed else None
+                got = host(backend, backend.glu_matmuls(backend.xp.asarray(x), *ws, gelu, nw, 1e-6))
+                if hasattr(backend.kernels, "launched") and n_tok == 1 and ws is joined:
+                    assert backend.kernels.launched[launched:] == [f"matvec{'_norm' if normed else ''}_glu_{suffix}"]
+                h = backend.rmsnorm(backend.xp.asarray(x), nw, 1e-6) if normed else backend.xp.asarray(x)
+                np.testing.assert_array_equal(got, host(backend, backend.glu(*backend.matmuls(h, ws), gelu)))
+                cpu_h = CPU.rmsnorm(x, norm, 1e-6) if normed else x
+                gate, up = (cpu_h @ reference(raw, qtype).astype(np.float64).T for raw in raws)
+                want = CPU.glu(gate.astype(np.float32), up.astype(np.float32), gelu)
+                bound = 1e-5 * (np.abs(cpu_h) @ np.abs(reference(raws[1], qtype)).T) * (np.abs(gate) + 1)
+                assert np.all(np.abs(got - want) <= bound), (n_tok, normed)
+
+
 def test_the_products_path_is_checked():
     from llogos_cli.backends.cuda.cuda_backend import choose_products
     assert choose_products("float") == "float"

@@ -31,7 +31,9 @@ from llogos_cli.backends.cuda.cuda_matmul import (
     Scratch,
     get_rows,
     int8_pays,
+    launch_bound,
     matmul,
+    matvec_glu,
     matvec_norm,
     q8_buffers,
     quantize_q8,
@@ -164,9 +166,10 @@ class CudaBackend:
         return ys
 
     def rmsnorm_matmuls(self, x, norm, eps: float, ws: list[QuantMatrix]) -> list:
-        """matmuls(rmsnorm(x, norm, eps), ws): one token's float products normalize x themselves
-        (cuda_matmul.matvec_norm, the same bits), which saves the norm's launch."""
-        if self._takes_int8(x.shape[0], ws) or x.shape != (1, ws[0].cols) or ws[0].cols > MATVEC_NORM_COLS:
+        """matmuls(rmsnorm(x, norm, eps), ws): one token's launch-bound float products normalize x
+        themselves (cuda_matmul.matvec_norm, the same bits), which saves the norm's launch; bigger
+        products would read the row again in each thread block, and take rmsnorm's instead."""
+        if not self._norm_fuses(x, ws):
             return self.matmuls(self.rmsnorm(x, norm, eps), ws)
         x, ys = self._c(x), []
         for w, firsts in self._products(ws, True):
@@ -174,6 +177,24 @@ class CudaBackend:
             matvec_norm(self.kernels, x, norm, eps, w, y)
             ys += [y] if firsts is None else [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
         return ys
+
+    def glu_matmuls(self, x, gate: QuantMatrix, up: QuantMatrix, gelu: bool, norm=None, eps: float = 0.0):
+        """glu of x's products with gate and up, x normed by norm first where given: one token's
+        float products with gate and up joined (matrices()) in one launch with the GLU and, where
+        rmsnorm_matmuls would, the norm (cuda_matmul.matvec_glu, the same bits)."""
+        joined = self._joined.get((id(gate), id(up)))
+        if (joined is None or gate.rows != up.rows or x.shape[0] != 1 or self._takes_int8(1, [gate, up])
+                or (norm is not None and not self._norm_fuses(x, [gate, up]))):
+            products = self.matmuls(x, [gate, up]) if norm is None else self.rmsnorm_matmuls(x, norm, eps, [gate, up])
+            return self.glu(*products, gelu)
+        y = self.xp.empty((1, gate.rows), np.float32)
+        matvec_glu(self.kernels, self._c(x), joined[0], gelu, y, norm, eps)
+        return y
+
+    def _norm_fuses(self, x, ws: list[QuantMatrix]) -> bool:
+        """Whether products of x with ws normalize x themselves (rmsnorm_matmuls)."""
+        return (x.shape == (1, ws[0].cols) and ws[0].cols <= MATVEC_NORM_COLS and launch_bound(ws)
+                and not self._takes_int8(1, ws))
 
     def _takes_int8(self, n_tok: int, ws: list[QuantMatrix]) -> bool:
         """Whether products of n_tok tokens' activations with ws multiply them in 8 bits."""

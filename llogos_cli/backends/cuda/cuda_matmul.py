@@ -24,7 +24,7 @@ from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 8    # activation rows one matvec launch takes (MATVEC_MAX_TOKENS in matvec.cu)
 MATVEC_WARPS = 4         # warps per matvec thread block
-MATVEC_NORM_COLS = 4096  # the longest row the products that normalize their input take (matvec.cu)
+MATVEC_NORM_COLS = 4096  # the longest row the products that normalize their input take (matvec_rows.cuh)
 # One-token products of these types give each warp two rows on matrices of this many rows or more,
 # per activations: float32 (matvec.cu), whose activation loads bound Q4_K and Q8_0, and 8-bit
 # (matvec_q8.cu), where two rows gain only for Q4_0 and Q6_K (PERF.md, CUDA on an H100, an H200).
@@ -142,6 +142,32 @@ def matvec_norm(k, x, norm, eps: float, w: QuantMatrix, y) -> None:
     assert x.shape == (1, w.cols) and norm.shape == (w.cols,) and w.cols <= MATVEC_NORM_COLS
     _launch_matvec(k, "matvec", w, (w.raw, x, norm), y, None, 1, rows_per_warp,
                    (np.float32(eps), np.int32(cuda_ops.row_threads(w.cols))))
+
+
+def matvec_glu(k, x, w: QuantMatrix, gelu: bool, y, norm=None, eps: float = 0.0) -> None:
+    """y (1, n) = glu(x · Gᵀ, x · Uᵀ) for w the gate and up matrices joined (2n rows, gate's first),
+    x (1, in) normed by norm first where given, in one launch (matvec_glu.cu): bit for bit
+    matvec's (matvec_norm's) products, then cuda_ops.glu."""
+    check(x, np.float32, "x")
+    check(w.raw, np.uint8, "w")
+    check(y, np.float32, "y")
+    n = w.rows // 2
+    assert x.shape == (1, w.cols) and y.shape == (1, n) and w.rows == 2 * n
+    grid, block, suffix = (cdiv(n, MATVEC_WARPS),), (MATVEC_WARPS * 32,), TYPE_SUFFIX[w.qtype]
+    if norm is None:
+        k.function("matvec_glu", f"matvec_glu_{suffix}")(grid, block, (w.raw, x, y, np.int32(w.cols), np.int32(n),
+                                                                        np.int32(gelu)))
+        return
+    check(norm, np.float32, "norm")
+    assert norm.shape == (w.cols,) and w.cols <= MATVEC_NORM_COLS
+    k.function("matvec_glu", f"matvec_norm_glu_{suffix}")(
+        grid, block, (w.raw, x, norm, y, np.int32(w.cols), np.int32(n), np.float32(eps),
+                      np.int32(cuda_ops.row_threads(w.cols)), np.int32(gelu)))
+
+
+def launch_bound(ws: list[QuantMatrix]) -> bool:
+    """Whether one token's products with ws are bound by their launch, not their bytes (INT8_MIN_BYTES)."""
+    return max(w.raw.nbytes for w in ws) < INT8_MIN_BYTES
 
 
 def _launch_matvec(k, module: str, w: QuantMatrix, inputs: tuple, y, add, n_tok: int, rows_per_warp,
