@@ -19,8 +19,6 @@
 // reads the row and nw again (L2 hits); rows of up to MATVEC_NORM_COLS (matvec_rows.cuh).
 #include "matvec_rows.cuh"
 
-#define MATVEC_MAX_TOKENS 8
-
 template <class Q, int R>
 __device__ void matvec_rows(const u8* w, const float* x, const float* add, float* y, int ncols, int nrows) {
     const int row0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) * R;

@@ -5,6 +5,9 @@
 // glu_value to its two sums: bit for bit matvec's product, then glu.cu's swiglu_f32 or geglu_f32.
 // matvec_norm_glu_<type> takes x before the layer's RMSNorm and the norm's weight nw, and
 // normalizes it first as matvec.cu's matvec_norm_* do (rows of up to MATVEC_NORM_COLS).
+// matvec_glu_batch_<type> takes up to MATVEC_MAX_TOKENS tokens (a short prompt, a few decode
+// rows) and dots each decoded part of the two rows with every token's activations, bit for bit
+// matvec_batch_<type>'s products.
 #include "glu.cuh"
 #include "matvec_rows.cuh"
 
@@ -20,6 +23,41 @@ __device__ void matvec_glu(const u8* w, const float* x, float* y, int ncols, int
     if (threadIdx.x % WARP_SIZE == 0) y[row] = glu_value(sums[0], sums[1], gelu);
 }
 
+template <class Q, int NT>
+__device__ void matvec_glu_tokens(const u8* w, const float* x, float* y, int ncols, int n, int ntok, bool gelu) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= n) return;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int nblocks = ncols / Q::QK;
+    const typename Q::block* blocks[2] = {(const typename Q::block*)w + (i64)row * nblocks,
+                                          (const typename Q::block*)w + (i64)(n + row) * nblocks};
+    float acc[2][NT] = {};
+    for (int i = lane; i < nblocks * Q::PARTS; i += WARP_SIZE) {
+        const int ib = i / Q::PARTS, part = i % Q::PARTS;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float v[4 * Q::GROUPS];
+            Q::decode(blocks[r] + ib, part, v);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= ntok) break;
+                const float* xb = x + (i64)t * ncols + ib * Q::QK;
+#pragma unroll
+                for (int g = 0; g < Q::GROUPS; g++) {
+                    const float4 xv = load_f4(xb + Q::group_start(part, g));
+                    acc[r][t] += v[4 * g] * xv.x + v[4 * g + 1] * xv.y + v[4 * g + 2] * xv.z + v[4 * g + 3] * xv.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= ntok) break;
+        const float gate = warp_sum(acc[0][t]), up = warp_sum(acc[1][t]);
+        if (lane == 0) y[(i64)t * n + row] = glu_value(gate, up, gelu);
+    }
+}
+
 #define MATVEC_GLU(type)                                                                                         \
     extern "C" __global__ void matvec_glu_##type(const u8* __restrict__ w, const float* __restrict__ x,           \
                                                  float* __restrict__ y, int ncols, int n, int gelu) {              \
@@ -29,6 +67,11 @@ __device__ void matvec_glu(const u8* w, const float* x, float* y, int ncols, int
                                                       const float* __restrict__ nw, float* __restrict__ y,       \
                                                       int ncols, int n, float eps, int norm_threads, int gelu) { \
         matvec_glu<type>(w, normed_row(x, nw, ncols, eps, norm_threads), y, ncols, n, gelu != 0);                \
+    }                                                                                                            \
+    extern "C" __global__ void matvec_glu_batch_##type(const u8* __restrict__ w, const float* __restrict__ x,     \
+                                                       float* __restrict__ y, int ncols, int n, int gelu,        \
+                                                       int ntok) {                                               \
+        matvec_glu_tokens<type, MATVEC_MAX_TOKENS>(w, x, y, ncols, n, ntok, gelu != 0);                          \
     }
 
 MATVEC_GLU(f32)

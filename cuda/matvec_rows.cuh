@@ -5,6 +5,7 @@
 #include "quant_blocks.cuh"
 #include "rms_scale.cuh"
 
+#define MATVEC_MAX_TOKENS 8
 #define MATVEC_NORM_COLS 4096
 
 // x · each of the warp's R rows (blocks[r], quantized as Q), summed over the warp: in every lane.

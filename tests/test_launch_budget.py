@@ -79,3 +79,20 @@ def test_a_small_model_s_layer_norms_and_gates_inside_its_products(bench, tmp_pa
     norms = sum(n for name, n in budget.kernels.items() if name.startswith("rmsnorm"))
     assert norms == 1 and not any(name.startswith(("swiglu", "geglu")) for name in budget.kernels), budget.kernels
     assert 0 < budget.layer_launches <= 6, budget.kernels
+
+
+def test_a_short_prompt_s_gate_and_up_apply_the_glu(bench, tmp_path):
+    """A 5-token prompt on the smollm2-135m shape (one layer; a prompt is not graph-captured, so its
+    launches are its time to first token on the host): gate and up in one product with the GLU
+    (matvec_glu_batch), 10 launches in the layer, 3 outside (lookup, output norm, LM head)."""
+    import dataclasses
+    import numpy as np
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    synthetic = bench._synthetic()
+    spec = dataclasses.replace(synthetic.SPECS["smollm2-135m"], n_layer=1, n_vocab=bench.BUDGET_VOCAB)
+    kernels = bench.CountingKernels()
+    model = Model(GGUFFile(synthetic.write_model(spec, tmp_path / "smollm2.gguf")), CudaBackend(kernels))
+    model.forward_seq(model.new_context(16), np.arange(1, 6, dtype=np.int32))
+    names = [name for name, _ in kernels.calls]
+    assert not any(name.startswith(("swiglu", "geglu")) for name in names), names
+    assert len(names) <= 10 + 3, names

@@ -340,8 +340,9 @@ def test_products_normalize_their_input(backend, qtype, cols, monkeypatch):
 @pytest.mark.parametrize("gelu", [False, True], ids=["swiglu", "geglu"])
 def test_gate_and_up_products_apply_the_glu(backend, qtype, gelu):
     """glu_matmuls(x, gate, up, gelu[, norm]): bit for bit glu of the products (of rmsnorm(x) with
-    the norm), within float32 of the NumPy backend's; one token's, gate and up joined, in one
-    launch (matvec_glu_*, matvec_norm_glu_*); several tokens', or gate and up apart, as before."""
+    the norm), within float32 of the NumPy backend's. Gate and up joined: one token's in one
+    launch (matvec_glu_*, matvec_norm_glu_*), a few tokens' in one after the norm's
+    (matvec_glu_batch_*); more tokens, or gate and up apart, as before."""
     rng = np.random.default_rng(int(qtype) + gelu)
     cols, n = 1536, 36
     raws = [random_weights(rng, qtype, n, cols) for _ in range(2)]
@@ -349,14 +350,18 @@ def test_gate_and_up_products_apply_the_glu(backend, qtype, gelu):
     joined, apart = backend.matrices(raws, qtype), [backend.matrix(raw, qtype, matmul=True) for raw in raws]
     suffix = cuda_matmul.TYPE_SUFFIX[qtype]
     for ws in (joined, apart):
-        for n_tok in (1, 3):
+        for n_tok in (1, 3, cuda_matmul.MATVEC_MAX_TOKENS + 1):
             x = _wide_range_activations(rng, n_tok, cols) / (1e3 if gelu else 1)
             for normed in (False, True):
                 launched = len(getattr(backend.kernels, "launched", ()))
                 nw = backend.xp.asarray(norm) if normed else None
                 got = host(backend, backend.glu_matmuls(backend.xp.asarray(x), *ws, gelu, nw, 1e-6))
-                if hasattr(backend.kernels, "launched") and n_tok == 1 and ws is joined:
-                    assert backend.kernels.launched[launched:] == [f"matvec{'_norm' if normed else ''}_glu_{suffix}"]
+                if hasattr(backend.kernels, "launched") and ws is joined:
+                    names = backend.kernels.launched[launched:]
+                    if n_tok == 1:
+                        assert names == [f"matvec{'_norm' if normed else ''}_glu_{suffix}"]
+                    elif n_tok <= cuda_matmul.MATVEC_MAX_TOKENS:
+                        assert names == ["rmsnorm_f32"] * normed + [f"matvec_glu_batch_{suffix}"]
                 h = backend.rmsnorm(backend.xp.asarray(x), nw, 1e-6) if normed else backend.xp.asarray(x)
                 np.testing.assert_array_equal(got, host(backend, backend.glu(*backend.matmuls(h, ws), gelu)))
                 cpu_h = CPU.rmsnorm(x, norm, 1e-6) if normed else x

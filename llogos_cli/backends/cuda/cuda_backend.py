@@ -26,6 +26,7 @@ from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_matmul import (
     QuantMatrix,
     GEMM_MIN_TOKENS,
+    MATVEC_MAX_TOKENS,
     MATVEC_NORM_COLS,
     Q8_RUN,
     Scratch,
@@ -179,15 +180,17 @@ class CudaBackend:
         return ys
 
     def glu_matmuls(self, x, gate: QuantMatrix, up: QuantMatrix, gelu: bool, norm=None, eps: float = 0.0):
-        """glu of x's products with gate and up, x normed by norm first where given: one token's
-        float products with gate and up joined (matrices()) in one launch with the GLU and, where
-        rmsnorm_matmuls would, the norm (cuda_matmul.matvec_glu, the same bits)."""
-        joined = self._joined.get((id(gate), id(up)))
-        if (joined is None or gate.rows != up.rows or x.shape[0] != 1 or self._takes_int8(1, [gate, up])
-                or (norm is not None and not self._norm_fuses(x, [gate, up]))):
+        """glu of x's products with gate and up, x normed by norm first where given: a few tokens'
+        float products with gate and up joined (matrices()) in one launch with the GLU and, for one
+        token where rmsnorm_matmuls would, the norm (cuda_matmul.matvec_glu, the same bits)."""
+        joined, n_tok = self._joined.get((id(gate), id(up))), x.shape[0]
+        if (joined is None or gate.rows != up.rows or not 0 < n_tok <= MATVEC_MAX_TOKENS
+                or self._takes_int8(n_tok, [gate, up])):
             products = self.matmuls(x, [gate, up]) if norm is None else self.rmsnorm_matmuls(x, norm, eps, [gate, up])
             return self.glu(*products, gelu)
-        y = self.xp.empty((1, gate.rows), np.float32)
+        if norm is not None and not self._norm_fuses(x, [gate, up]):
+            x, norm = self.rmsnorm(x, norm, eps), None
+        y = self.xp.empty((n_tok, gate.rows), np.float32)
         matvec_glu(self.kernels, self._c(x), joined[0], gelu, y, norm, eps)
         return y
 

@@ -145,18 +145,22 @@ def matvec_norm(k, x, norm, eps: float, w: QuantMatrix, y) -> None:
 
 
 def matvec_glu(k, x, w: QuantMatrix, gelu: bool, y, norm=None, eps: float = 0.0) -> None:
-    """y (1, n) = glu(x · Gᵀ, x · Uᵀ) for w the gate and up matrices joined (2n rows, gate's first),
-    x (1, in) normed by norm first where given, in one launch (matvec_glu.cu): bit for bit
-    matvec's (matvec_norm's) products, then cuda_ops.glu."""
+    """y (T, n) = glu(x · Gᵀ, x · Uᵀ) for w the gate and up matrices joined (2n rows, gate's first),
+    x (T, in), T <= MATVEC_MAX_TOKENS, normed by norm first where given (one token), in one launch
+    (matvec_glu.cu): bit for bit matvec's (matvec_norm's) products, then cuda_ops.glu."""
     check(x, np.float32, "x")
     check(w.raw, np.uint8, "w")
     check(y, np.float32, "y")
-    n = w.rows // 2
-    assert x.shape == (1, w.cols) and y.shape == (1, n) and w.rows == 2 * n
+    n_tok, n = x.shape[0], w.rows // 2
+    assert 0 < n_tok <= MATVEC_MAX_TOKENS and x.shape[1] == w.cols and y.shape == (n_tok, n) and w.rows == 2 * n
     grid, block, suffix = (cdiv(n, MATVEC_WARPS),), (MATVEC_WARPS * 32,), TYPE_SUFFIX[w.qtype]
+    args = (w.raw, x, y, np.int32(w.cols), np.int32(n), np.int32(gelu))
+    if n_tok > 1:
+        assert norm is None
+        k.function("matvec_glu", f"matvec_glu_batch_{suffix}")(grid, block, (*args, np.int32(n_tok)))
+        return
     if norm is None:
-        k.function("matvec_glu", f"matvec_glu_{suffix}")(grid, block, (w.raw, x, y, np.int32(w.cols), np.int32(n),
-                                                                        np.int32(gelu)))
+        k.function("matvec_glu", f"matvec_glu_{suffix}")(grid, block, args)
         return
     check(norm, np.float32, "norm")
     assert norm.shape == (w.cols,) and w.cols <= MATVEC_NORM_COLS
