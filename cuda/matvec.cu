@@ -40,31 +40,13 @@ template <class Q, int NT>
 __device__ void matvec(const u8* w, const float* x, const float* add, float* y, int ncols, int nrows, int ntok) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= nrows) return;
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int nblocks = ncols / Q::QK;
-    const typename Q::block* blocks = (const typename Q::block*)w + (i64)row * nblocks;
-
-    float acc[NT] = {};
-    for (int i = lane; i < nblocks * Q::PARTS; i += WARP_SIZE) {
-        const int ib = i / Q::PARTS, part = i % Q::PARTS;
-        float v[4 * Q::GROUPS];
-        Q::decode(blocks + ib, part, v);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= ntok) break;
-            const float* xb = x + (i64)t * ncols + ib * Q::QK;
-#pragma unroll
-            for (int g = 0; g < Q::GROUPS; g++) {
-                const float4 xv = load_f4(xb + Q::group_start(part, g));
-                acc[t] += v[4 * g] * xv.x + v[4 * g + 1] * xv.y + v[4 * g + 2] * xv.z + v[4 * g + 3] * xv.w;
-            }
-        }
-    }
+    const typename Q::block* blocks[1] = {(const typename Q::block*)w + (i64)row * (ncols / Q::QK)};
+    float sums[1][NT];
+    dot_rows_tokens<Q, 1, NT>(blocks, x, ncols, ntok, sums);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t >= ntok) break;
-        const float sum = warp_sum(acc[t]);
-        if (lane == 0) y[(i64)t * nrows + row] = add ? add[(i64)t * nrows + row] + sum : sum;
+        if (threadIdx.x % WARP_SIZE == 0) y[(i64)t * nrows + row] = add ? add[(i64)t * nrows + row] + sums[0][t] : sums[0][t];
     }
 }
 

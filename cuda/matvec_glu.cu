@@ -27,34 +27,15 @@ template <class Q, int NT>
 __device__ void matvec_glu_tokens(const u8* w, const float* x, float* y, int ncols, int n, int ntok, bool gelu) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= n) return;
-    const int lane = threadIdx.x % WARP_SIZE;
     const int nblocks = ncols / Q::QK;
     const typename Q::block* blocks[2] = {(const typename Q::block*)w + (i64)row * nblocks,
                                           (const typename Q::block*)w + (i64)(n + row) * nblocks};
-    float acc[2][NT] = {};
-    for (int i = lane; i < nblocks * Q::PARTS; i += WARP_SIZE) {
-        const int ib = i / Q::PARTS, part = i % Q::PARTS;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float v[4 * Q::GROUPS];
-            Q::decode(blocks[r] + ib, part, v);
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= ntok) break;
-                const float* xb = x + (i64)t * ncols + ib * Q::QK;
-#pragma unroll
-                for (int g = 0; g < Q::GROUPS; g++) {
-                    const float4 xv = load_f4(xb + Q::group_start(part, g));
-                    acc[r][t] += v[4 * g] * xv.x + v[4 * g + 1] * xv.y + v[4 * g + 2] * xv.z + v[4 * g + 3] * xv.w;
-                }
-            }
-        }
-    }
+    float sums[2][NT];
+    dot_rows_tokens<Q, 2, NT>(blocks, x, ncols, ntok, sums);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t >= ntok) break;
-        const float gate = warp_sum(acc[0][t]), up = warp_sum(acc[1][t]);
-        if (lane == 0) y[(i64)t * n + row] = glu_value(gate, up, gelu);
+        if (threadIdx.x % WARP_SIZE == 0) y[(i64)t * n + row] = glu_value(sums[0][t], sums[1][t], gelu);
     }
 }
 
