@@ -1,6 +1,7 @@
 // Gated linear units of the feed-forward block: y = act(gate) * up, elementwise, act SiLU or GELU
 // (gelu_tanh in common.cuh). The _q8 kernels also quantize y for the down product that takes it
 // next (q8_run.cuh; n a multiple of 32).
+#include "glu.cuh"
 #include "q8_run.cuh"
 
 template <bool gelu>
@@ -8,9 +9,7 @@ __device__ __forceinline__ void glu(const float* __restrict__ gate, const float*
                                     int n, i8* __restrict__ xq, float2* __restrict__ xs) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // whole warps where xq is given
-    const float g = gate[i];
-    const float a = gelu ? gelu_tanh(g) : g / (1.0f + expf(-g));
-    const float v = a * up[i];
+    const float v = glu_value(gate[i], up[i], gelu);
     y[i] = v;
     if (xq != nullptr) quantize_run(v, i / WARP_SIZE, xq, xs);
 }

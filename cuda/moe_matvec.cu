@@ -6,9 +6,7 @@
 // Grid (nrows / warps, n_tiles), one warp per output row as matvec_batch_<type> (matvec.cu): a
 // warp decodes each weight of its row once and dots it with the tile's c rows, so an expert's
 // matrix is read once per MOE_MATVEC_TOKENS of its tokens, where matvec_experts reads it per pair.
-#include "common.cuh"
-#include "quant_blocks.cuh"
-#include "row_dots.cuh"
+#include "matvec_rows.cuh"
 
 #define MOE_MATVEC_TOKENS 8
 
@@ -18,14 +16,14 @@ __device__ void moe_matvec(const u8* w, const float* xg, float* yg, const int* t
     if (row >= nrows) return;
     const int* tile = tiles + 3 * (i64)blockIdx.y;
     const int expert = tile[0], r0 = tile[1], ntok = tile[2];
-    float acc[MOE_MATVEC_TOKENS];
-    row_dots<Q, MOE_MATVEC_TOKENS>((const typename Q::block*)w + ((i64)expert * nrows + row) * (ncols / Q::QK),
-                                   xg + (i64)r0 * ncols, ncols, ntok, acc);
+    const typename Q::block* blocks[1] = {(const typename Q::block*)w + ((i64)expert * nrows + row) * (ncols / Q::QK)};
+    float sums[1][MOE_MATVEC_TOKENS];
+    dot_rows_tokens<Q, 1, MOE_MATVEC_TOKENS>(blocks, xg + (i64)r0 * ncols, ncols, ntok, sums);
     if (threadIdx.x % WARP_SIZE) return;
 #pragma unroll
-    for (int t = 0; t < MOE_MATVEC_TOKENS; t++) {   // constant indices keep acc in registers
+    for (int t = 0; t < MOE_MATVEC_TOKENS; t++) {   // constant indices keep the sums in registers
         if (t >= ntok) break;
-        yg[((i64)r0 + t) * nrows + row] = acc[t];
+        yg[((i64)r0 + t) * nrows + row] = sums[0][t];
     }
 }
 

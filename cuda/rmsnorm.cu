@@ -2,19 +2,13 @@
 // head when normalizing queries and keys). rmsnorm_q8 also quantizes y for the integer products
 // that take it next (q8_run.cuh; rows of a multiple of 32), saving quantize_q8's launch.
 #include "q8_run.cuh"
-
-// 1 / sqrt(mean(x²) + eps) of a row, in every thread.
-__device__ __forceinline__ float rms_scale(const float* __restrict__ xr, int ncols, float eps) {
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
-    return 1.0f / sqrtf(block_sum(ss) / ncols + eps);
-}
+#include "rms_scale.cuh"
 
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
                                        float* __restrict__ y, int ncols, float eps) {
     const float* xr = x + (i64)blockIdx.x * ncols;
     float* yr = y + (i64)blockIdx.x * ncols;
-    const float s = rms_scale(xr, ncols, eps);
+    const float s = rms_scale(xr, ncols, eps, blockDim.x);
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] = xr[i] * s * w[i];
 }
 
@@ -22,7 +16,7 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float*
 extern "C" __global__ void rmsnorm_q8(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                       i8* __restrict__ xq, float2* __restrict__ xs, int ncols, float eps) {
     const i64 row = (i64)blockIdx.x * ncols;
-    const float s = rms_scale(x + row, ncols, eps);
+    const float s = rms_scale(x + row, ncols, eps, blockDim.x);
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
         const float v = x[row + i] * s * w[i];
         y[row + i] = v;

@@ -14,11 +14,13 @@ from tests.conftest import need
 
 # Launches in all the layers of each fixture's decode step (batch 1, default products); before RoPE
 # went into the KV store (rope_store.cu) llama's were 42, gemma3's 54, qwen35's 93; before the
-# residual adds went into the products' epilogues (matvec_add) llama's were 33, qwen35's 90.
-LAYER_LAUNCHES = {"tiny-llama-q8_0": 27, "tiny-qwen2-q8_0": 24, "tiny-qwen3-f32": 33, "tiny-gemma3-q8_0": 45,
-                  "tiny-qwen35-f32": 85, "tiny-gemma2-q8_0": 39, "tiny-phi3-q8_0": 18, "tiny-granite-q8_0": 26,
-                  "tiny-olmo2-q8_0": 26, "tiny-smollm3-q8_0": 37, "tiny-lfm2-q8_0": 44, "tiny-qwen3moe-q8_0": 32,
-                  "tiny-gpt-oss-q8_0": 69, "tiny-qwen2moe-q8_0": 50}
+# residual adds went into the products' epilogues (matvec_add) llama's were 33, qwen35's 90; before
+# the products after a layer's input norms normalized their input themselves (matvec_norm) and the
+# gate and up products applied the GLU (matvec_glu) llama's were 27, gemma3's 45, smollm3's 37.
+LAYER_LAUNCHES = {"tiny-llama-q8_0": 18, "tiny-qwen2-q8_0": 18, "tiny-qwen3-f32": 24, "tiny-gemma3-q8_0": 36,
+                  "tiny-qwen35-f32": 76, "tiny-gemma2-q8_0": 30, "tiny-phi3-q8_0": 14, "tiny-granite-q8_0": 20,
+                  "tiny-olmo2-q8_0": 24, "tiny-smollm3-q8_0": 25, "tiny-lfm2-q8_0": 35, "tiny-qwen3moe-q8_0": 30,
+                  "tiny-gpt-oss-q8_0": 66, "tiny-qwen2moe-q8_0": 48}
 
 
 def load_budget():
@@ -67,3 +69,30 @@ def test_a_q4_k_m_llama_step_with_8_bit_activations(bench, tmp_path, monkeypatch
     budget = bench.budget(synthetic.write_model(spec, tmp_path / "tiny.gguf"), "tiny")
     assert not {"quantize_q8", "add_f32"} & set(budget.kernels), budget.kernels
     assert 0 < budget.layer_launches <= 9 + 9 + 10, budget.kernels
+
+
+def test_a_small_model_s_layer_norms_and_gates_inside_its_products(bench, tmp_path):
+    """bench/synthetic.py's smollm2-135m shape (one layer): its products are launch-bound and take
+    float32 activations, so the layer's two input norms run in the products after them and the GLU
+    in the gate and up product: 6 launches a layer, no norm but the output norm, no GLU launched."""
+    budget, _ = bench.shape_budget("smollm2-135m", tmp_path)
+    norms = sum(n for name, n in budget.kernels.items() if name.startswith("rmsnorm"))
+    assert norms == 1 and not any(name.startswith(("swiglu", "geglu")) for name in budget.kernels), budget.kernels
+    assert 0 < budget.layer_launches <= 6, budget.kernels
+
+
+def test_a_short_prompt_s_gate_and_up_apply_the_glu(bench, tmp_path):
+    """A 5-token prompt on the smollm2-135m shape (one layer; a prompt is not graph-captured, so its
+    launches are its time to first token on the host): gate and up in one product with the GLU
+    (matvec_glu_batch), 10 launches in the layer, 3 outside (lookup, output norm, LM head)."""
+    import dataclasses
+    import numpy as np
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    synthetic = bench._synthetic()
+    spec = dataclasses.replace(synthetic.SPECS["smollm2-135m"], n_layer=1, n_vocab=bench.BUDGET_VOCAB)
+    kernels = bench.CountingKernels()
+    model = Model(GGUFFile(synthetic.write_model(spec, tmp_path / "smollm2.gguf")), CudaBackend(kernels))
+    model.forward_seq(model.new_context(16), np.arange(1, 6, dtype=np.int32))
+    names = [name for name, _ in kernels.calls]
+    assert not any(name.startswith(("swiglu", "geglu")) for name in names), names
+    assert len(names) <= 10 + 3, names

@@ -40,6 +40,10 @@ class Backend(Protocol):
     def matmul(self, x: Array, w: Matrix) -> Array: ...                           # x (T, in) · wᵀ
     def matmuls(self, x: Array, ws: list[Matrix]) -> list[Array]: ...             # several, one x
     def matmul_add(self, x: Array, w: Matrix, residual: Array) -> Array: ...      # residual + x · wᵀ
+    def rmsnorm_matmuls(self, x: Array, norm: Array, eps: float,
+                        ws: list[Matrix]) -> list[Array]: ...                     # matmuls(rmsnorm(x, norm, eps), ws)
+    def glu_matmuls(self, x: Array, gate: Matrix, up: Matrix, gelu: bool, norm: Array | None = None,
+                    eps: float = 0.0) -> Array: ...     # glu of (rmsnorm_)matmuls(x, [gate, up])
     def add(self, a: Array, b: Array) -> Array: ...
     def mul(self, a: Array, b: Array) -> Array: ...
     def scale(self, x: Array, s: float) -> Array: ...

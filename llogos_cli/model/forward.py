@@ -137,15 +137,20 @@ class Model:
             x = b.scale(x, c.embed_scale)                               # (T, n_embd)
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            h = b.rmsnorm(x, w[p + "attn_norm.weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
+            # Each sublayer's input norm (pre_norms) is named, not applied: the products after it
+            # may normalize their input themselves (rmsnorm_matmuls).
+            attn_norm, ffn_norm = (p + "attn_norm.weight", p + c.ffn_norm + ".weight") if c.pre_norms else (None, None)
             if c.recurrent[il]:
-                h = self._recurrent.block(b, c, w, p, h, cache.state[il], layout)  # (T, n_embd)
+                h = self._recurrent.block(b, c, w, p, self._rmsnorm(attn_norm, x), cache.state[il], layout)  # (T, n_embd)
                 x = self._residual(p + "post_attention_norm.weight", x, h)  # (T, n_embd)
             else:
-                x = self._attention(il, p, h, cache.kv[il], layout, factors, x)  # (T, n_embd): x + attention
-            h = b.rmsnorm(x, w[p + c.ffn_norm + ".weight"], c.norm_eps) if c.pre_norms else x  # (T, n_embd)
-            x = self._ffn(p, h, x)                                      # (T, n_embd): x + the FFN
+                x = self._attention(il, p, x, cache.kv[il], layout, factors, x, attn_norm)  # (T, n_embd): x + attention
+            x = self._ffn(p, x, ffn_norm)                               # (T, n_embd): x + the FFN
         return x
+
+    def _rmsnorm(self, norm: str | None, x):
+        """x normed by the RMSNorm weight named norm; x itself where norm is None."""
+        return x if norm is None else self.backend.rmsnorm(x, self.w[norm], self.cfg.norm_eps)
 
     def _encode(self, batch: Batch, cache: Cache, layout):
         """BERT's layers over the batch (its tokens of type 0, as llama.cpp gives them all, unless the
@@ -229,17 +234,18 @@ class Model:
             return w["rope_freqs.weight"]
         return w.get("rope_factors_long.weight" if n_ctx > self.cfg.n_ctx_orig else "rope_factors_short.weight")
 
-    def _attention(self, il: int, p: str, x, kv, layout, factors, residual=None):
-        """Layer il's attention over x, through its output projection; plus the residual where given."""
+    def _attention(self, il: int, p: str, x, kv, layout, factors, residual=None, norm: str | None = None):
+        """Layer il's attention over x (normed first by the weight named norm, where given), through
+        its output projection; plus the residual where given."""
         c, b, w = self.cfg, self.backend, self.w
         T = x.shape[0]
         if c.fused_qkv:
-            qkv = self._linear(p + "attn_qkv", x)          # (T, (n_head + n_head_kv) * dk + n_head_kv * dv)
+            qkv = self._linear(p + "attn_qkv", x, norm)    # (T, (n_head + n_head_kv) * dk + n_head_kv * dv)
             q_end = c.n_head * c.head_dim_k
             k_end = q_end + c.n_head_kv * c.head_dim_k
             q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
         else:
-            q, k, v = self._linears([p + name for name in QKV], x)
+            q, k, v = self._linears([p + name for name in QKV], x, norm)
             # q (T, n_head * dk), doubled when gated; k (T, n_head_kv * dk); v (T, n_head_kv * dv)
         if c.qk_norm == "all":   # over each token's whole projection (OLMo 2)
             q = b.rmsnorm(q, w[p + "attn_q_norm.weight"], c.norm_eps)  # (T, n_head * dk)
@@ -266,18 +272,18 @@ class Model:
             return self._linear(p + "attn_output", o)     # (T, n_embd)
         return self._residual_product(p + "attn_output", o, residual, p + "post_attention_norm.weight")  # (T, n_embd)
 
-    def _ffn(self, p: str, x, residual):
-        """residual + the feed-forward block of x."""
+    def _ffn(self, p: str, x, norm: str | None):
+        """x + the feed-forward block of x normed by the weight named norm (not normed if None)."""
         b, w, n_ff = self.backend, self.w, self.cfg.n_ff
         if self.cfg.n_expert:
-            return self._residual(p + "post_ffw_norm.weight", residual, self._experts(p, x))
+            return self._residual(p + "post_ffw_norm.weight", x, self._experts(p, self._rmsnorm(norm, x)))
         if self.cfg.fused_ffn:
-            gate_up = b.matmul(x, w[p + "ffn_up.weight"])  # (T, 2 * n_ff)
-            gate, up = gate_up[:, :n_ff], gate_up[:, n_ff:]  # (T, n_ff) each
+            gate_up, = self._products(x, [w[p + "ffn_up.weight"]], norm)  # (T, 2 * n_ff)
+            h = b.glu(gate_up[:, :n_ff], gate_up[:, n_ff:], self.cfg.gelu_ffn)  # (T, n_ff)
         else:
-            gate, up = b.matmuls(x, [w[p + name + ".weight"] for name in GATE_UP])  # (T, n_ff) each
-        return self._residual_product(p + "ffn_down", b.glu(gate, up, self.cfg.gelu_ffn), residual,
-                                      p + "post_ffw_norm.weight")  # (T, n_embd)
+            h = b.glu_matmuls(x, *[w[p + name + ".weight"] for name in GATE_UP], self.cfg.gelu_ffn,
+                              w[norm] if norm else None, self.cfg.norm_eps)  # (T, n_ff)
+        return self._residual_product(p + "ffn_down", h, x, p + "post_ffw_norm.weight")  # (T, n_embd)
 
     def _experts(self, p: str, x):
         """Mixture of experts: each token through the n_expert_used experts its router picks, their
@@ -299,11 +305,18 @@ class Model:
             out = b.add(out, b.scale_rows(shared, b.sigmoid(b.matmul(x, w[p + "ffn_gate_inp_shexp.weight"]))))
         return out
 
-    def _linear(self, name: str, x):
-        return self._linears([name], x)[0]
+    def _linear(self, name: str, x, norm: str | None = None):
+        return self._linears([name], x, norm)[0]
 
-    def _linears(self, names: list[str], x) -> list:
-        """x through each named projection (its weight, then its bias if the file has one)."""
-        ys = self.backend.matmuls(x, [self.w[name + ".weight"] for name in names])
+    def _linears(self, names: list[str], x, norm: str | None = None) -> list:
+        """x (normed by the weight named norm, where given) through each named projection (its
+        weight, then its bias if the file has one)."""
+        ys = self._products(x, [self.w[name + ".weight"] for name in names], norm)
         biases = [self.w.get(name + ".bias") for name in names]
         return [y if bias is None else self.backend.add(y, bias) for y, bias in zip(ys, biases)]
+
+    def _products(self, x, ws: list, norm: str | None) -> list:
+        """x, normed first by the weight named norm where given, times each of ws."""
+        if norm is None:
+            return self.backend.matmuls(x, ws)
+        return self.backend.rmsnorm_matmuls(x, self.w[norm], self.cfg.norm_eps, ws)

@@ -335,6 +335,69 @@ def test_products_add_the_residual_in_their_epilogue(backend, qtype, products, m
             np.testing.assert_array_equal(host(b, got), host(b, b.add(r, b.matmul(x, w))))
 
 
+@pytest.mark.parametrize("qtype", [QType.Q4_1, QType.Q4_K, QType.Q8_0, QType.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("cols", [768, 1536])   # the norm's sum as rmsnorm runs it in 32 threads, in 256
+def test_products_normalize_their_input(backend, qtype, cols, monkeypatch):
+    """rmsnorm_matmuls(x, n, eps, ws): bit for bit matmuls of rmsnorm(x, n, eps), within float32 of
+    the NumPy backend's. One token's float products (q, k and v joined; 1 and 2 rows a warp)
+    normalize x themselves: a launch per product (matvec_norm_*), none for the norm."""
+    rng = np.random.default_rng(int(qtype) + cols)
+    raws = [random_weights(rng, qtype, n, cols) for n in (64, 16, 16)]
+    norm = rng.uniform(0.5, 2.0, cols).astype(np.float32)
+    for rows in (1, 2):
+        monkeypatch.setattr(cuda_matmul, "MATVEC_ROWS2_MIN", 0 if rows == 2 else 1 << 30)
+        monkeypatch.setattr(cuda_matmul, "MATVEC_ROWS2_TYPES", {k: frozenset({qtype}) for k in ("float", "int8")})
+        ws = backend.matrices(raws, qtype)
+        for n_tok in (1, 3):
+            x = _wide_range_activations(rng, n_tok, cols)
+            launched = len(getattr(backend.kernels, "launched", ()))
+            got = backend.rmsnorm_matmuls(backend.xp.asarray(x), backend.xp.asarray(norm), 1e-6, ws)
+            if hasattr(backend.kernels, "launched") and n_tok == 1:
+                suffix = cuda_matmul.TYPE_SUFFIX[qtype]
+                assert backend.kernels.launched[launched:] == [f"matvec_norm_{'rows2_' if rows == 2 else ''}{suffix}"]
+            h = backend.rmsnorm(backend.xp.asarray(x), backend.xp.asarray(norm), 1e-6)
+            cpu_h = CPU.rmsnorm(x, norm, 1e-6)
+            for y, want, raw in zip(got, backend.matmuls(h, ws), raws):
+                np.testing.assert_array_equal(host(backend, y), host(backend, want))
+                dense = reference(raw, qtype).astype(np.float64)
+                assert_close(host(backend, y), cpu_h @ dense.T, rtol=1e-5, scale=np.abs(cpu_h) @ np.abs(dense).T)
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_1, QType.Q4_K, QType.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("gelu", [False, True], ids=["swiglu", "geglu"])
+def test_gate_and_up_products_apply_the_glu(backend, qtype, gelu):
+    """glu_matmuls(x, gate, up, gelu[, norm]): bit for bit glu of the products (of rmsnorm(x) with
+    the norm), within float32 of the NumPy backend's. Gate and up joined: one token's in one
+    launch (matvec_glu_*, matvec_norm_glu_*), a few tokens' in one after the norm's
+    (matvec_glu_batch_*); more tokens, or gate and up apart, as before."""
+    rng = np.random.default_rng(int(qtype) + gelu)
+    cols, n = 1536, 36
+    raws = [random_weights(rng, qtype, n, cols) for _ in range(2)]
+    norm = rng.uniform(0.5, 2.0, cols).astype(np.float32)
+    joined, apart = backend.matrices(raws, qtype), [backend.matrix(raw, qtype, matmul=True) for raw in raws]
+    suffix = cuda_matmul.TYPE_SUFFIX[qtype]
+    for ws in (joined, apart):
+        for n_tok in (1, 3, cuda_matmul.MATVEC_MAX_TOKENS + 1):
+            x = _wide_range_activations(rng, n_tok, cols) / (1e3 if gelu else 1)
+            for normed in (False, True):
+                launched = len(getattr(backend.kernels, "launched", ()))
+                nw = backend.xp.asarray(norm) if normed else None
+                got = host(backend, backend.glu_matmuls(backend.xp.asarray(x), *ws, gelu, nw, 1e-6))
+                if hasattr(backend.kernels, "launched") and ws is joined:
+                    names = backend.kernels.launched[launched:]
+                    if n_tok == 1:
+                        assert names == [f"matvec{'_norm' if normed else ''}_glu_{suffix}"]
+                    elif n_tok <= cuda_matmul.MATVEC_MAX_TOKENS:
+                        assert names == ["rmsnorm_f32"] * normed + [f"matvec_glu_batch_{suffix}"]
+                h = backend.rmsnorm(backend.xp.asarray(x), nw, 1e-6) if normed else backend.xp.asarray(x)
+                np.testing.assert_array_equal(got, host(backend, backend.glu(*backend.matmuls(h, ws), gelu)))
+                cpu_h = CPU.rmsnorm(x, norm, 1e-6) if normed else x
+                gate, up = (cpu_h @ reference(raw, qtype).astype(np.float64).T for raw in raws)
+                want = CPU.glu(gate.astype(np.float32), up.astype(np.float32), gelu)
+                bound = 1e-5 * (np.abs(cpu_h) @ np.abs(reference(raws[1], qtype)).T) * (np.abs(gate) + 1)
+                assert np.all(np.abs(got - want) <= bound), (n_tok, normed)
+
+
 def test_the_products_path_is_checked():
     from llogos_cli.backends.cuda.cuda_backend import choose_products
     assert choose_products("float") == "float"

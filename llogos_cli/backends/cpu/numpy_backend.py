@@ -268,6 +268,14 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
             return residual + out
         return np.add(residual, out, out=out)   # the product's own new array takes the sum
 
+    def rmsnorm_matmuls(self, x: np.ndarray, norm: np.ndarray, eps: float, ws: list[Matrix]) -> list[np.ndarray]:
+        return self.matmuls(self.rmsnorm(x, norm, eps), ws)
+
+    def glu_matmuls(self, x: np.ndarray, gate: Matrix, up: Matrix, gelu: bool, norm: np.ndarray | None = None,
+                    eps: float = 0.0) -> np.ndarray:
+        products = self.matmuls(x, [gate, up]) if norm is None else self.rmsnorm_matmuls(x, norm, eps, [gate, up])
+        return self.glu(*products, gelu)
+
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
 

@@ -27,12 +27,17 @@ from llogos_cli.backends.cuda.cuda_batch import Layout
 from llogos_cli.backends.cuda.cuda_matmul import (
     QuantMatrix,
     GEMM_MIN_TOKENS,
+    MATVEC_MAX_TOKENS,
+    MATVEC_NORM_COLS,
     Q8_RUN,
     Scratch,
     get_rows,
     int8_pays,
+    launch_bound,
     mma_pays,
     matmul,
+    matvec_glu,
+    matvec_norm,
     q8_buffers,
     quantize_q8,
     upload,
@@ -161,8 +166,7 @@ class CudaBackend:
         the RMSNorm or GLU that made x, where it did). add: one product's residual (matmul_add)."""
         made = self._made_for(x)
         x, x8 = self._c(x), None
-        pays = int8_pays(ws) if x.shape[0] < GEMM_MIN_TOKENS else mma_pays(self.kernels, ws)
-        if self.products == "int8" and pays:
+        if self._takes_int8(x.shape[0], ws):
             x8 = made if made is not None else quantize_q8(self.kernels, x)
         assert add is None or len(ws) == 1
         ys = []
@@ -170,6 +174,46 @@ class CudaBackend:
             y = matmul(self.kernels, x, w, self._scratch, x8, add)
             ys += [y] if firsts is None else [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
         return ys
+
+    def rmsnorm_matmuls(self, x, norm, eps: float, ws: list[QuantMatrix]) -> list:
+        """matmuls(rmsnorm(x, norm, eps), ws): one token's launch-bound float products normalize x
+        themselves (cuda_matmul.matvec_norm, the same bits), which saves the norm's launch; bigger
+        products would read the row again in each thread block, and take rmsnorm's instead."""
+        if not self._norm_fuses(x, ws):
+            return self.matmuls(self.rmsnorm(x, norm, eps), ws)
+        x, ys = self._c(x), []
+        for w, firsts in self._products(ws, True):
+            y = self.xp.empty((1, w.rows), np.float32)
+            matvec_norm(self.kernels, x, norm, eps, w, y)
+            ys += [y] if firsts is None else [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
+        return ys
+
+    def glu_matmuls(self, x, gate: QuantMatrix, up: QuantMatrix, gelu: bool, norm=None, eps: float = 0.0):
+        """glu of x's products with gate and up, x normed by norm first where given: a few tokens'
+        float products with gate and up joined (matrices()) in one launch with the GLU and, for one
+        token where rmsnorm_matmuls would, the norm (cuda_matmul.matvec_glu, the same bits)."""
+        joined, n_tok = self._joined.get((id(gate), id(up))), x.shape[0]
+        if (joined is None or gate.rows != up.rows or not 0 < n_tok <= MATVEC_MAX_TOKENS
+                or self._takes_int8(n_tok, [gate, up])):
+            products = self.matmuls(x, [gate, up]) if norm is None else self.rmsnorm_matmuls(x, norm, eps, [gate, up])
+            return self.glu(*products, gelu)
+        if norm is not None and not self._norm_fuses(x, [gate, up]):
+            x, norm = self.rmsnorm(x, norm, eps), None
+        y = self.xp.empty((n_tok, gate.rows), np.float32)
+        matvec_glu(self.kernels, self._c(x), joined[0], gelu, y, norm, eps)
+        return y
+
+    def _norm_fuses(self, x, ws: list[QuantMatrix]) -> bool:
+        """Whether products of x with ws normalize x themselves (rmsnorm_matmuls)."""
+        return (x.shape == (1, ws[0].cols) and ws[0].cols <= MATVEC_NORM_COLS and launch_bound(ws)
+                and not self._takes_int8(1, ws))
+
+    def _takes_int8(self, n_tok: int, ws: list[QuantMatrix]) -> bool:
+        """Whether products of n_tok tokens' activations with ws multiply them in 8 bits: few tokens
+        in integer dot products, many on int8 tensor cores."""
+        if self.products != "int8":
+            return False
+        return int8_pays(ws) if n_tok < GEMM_MIN_TOKENS else mma_pays(self.kernels, ws)
 
     def _products(self, ws: list[QuantMatrix], one_row: bool) -> list[tuple[QuantMatrix, list[int] | None]]:
         """ws as the products that multiply them: for one row, each run that matrices() joined as

@@ -26,6 +26,7 @@ from llogos_cli.gguf import quants
 
 MATVEC_MAX_TOKENS = 8    # activation rows one matvec launch takes (MATVEC_MAX_TOKENS in matvec.cu)
 MATVEC_WARPS = 4         # warps per matvec thread block
+MATVEC_NORM_COLS = 4096  # the longest row the products that normalize their input take (matvec_rows.cuh)
 # One-token products of these types give each warp two rows on matrices of this many rows or more,
 # per activations: float32 (matvec.cu), whose activation loads bound Q4_K and Q8_0, and 8-bit
 # (matvec_q8.cu), where two rows gain only for Q4_0 and Q6_K (PERF.md, CUDA on an H100, an H200).
@@ -140,10 +141,53 @@ def matvec(k, x, w: QuantMatrix, y, rows_per_warp=rows_per_warp, add=None) -> No
     _launch_matvec(k, "matvec", w, (w.raw, x), y, add, x.shape[0], rows_per_warp)
 
 
-def _launch_matvec(k, module: str, w: QuantMatrix, inputs: tuple, y, add, n_tok: int, rows_per_warp) -> None:
+def matvec_norm(k, x, norm, eps: float, w: QuantMatrix, y) -> None:
+    """y (1, out) = rmsnorm(x (1, in), norm) · Wᵀ in one launch (matvec.cu's matvec_norm_*), bit
+    for bit cuda_ops.rmsnorm's then matvec's; rows of up to MATVEC_NORM_COLS."""
+    check(x, np.float32, "x")
+    check(norm, np.float32, "norm")
+    check(w.raw, np.uint8, "w")
+    assert x.shape == (1, w.cols) and norm.shape == (w.cols,) and w.cols <= MATVEC_NORM_COLS
+    _launch_matvec(k, "matvec", w, (w.raw, x, norm), y, None, 1, rows_per_warp,
+                   (np.float32(eps), np.int32(cuda_ops.row_threads(w.cols))))
+
+
+def matvec_glu(k, x, w: QuantMatrix, gelu: bool, y, norm=None, eps: float = 0.0) -> None:
+    """y (T, n) = glu(x · Gᵀ, x · Uᵀ) for w the gate and up matrices joined (2n rows, gate's first),
+    x (T, in), T <= MATVEC_MAX_TOKENS, normed by norm first where given (one token), in one launch
+    (matvec_glu.cu): bit for bit matvec's (matvec_norm's) products, then cuda_ops.glu."""
+    check(x, np.float32, "x")
+    check(w.raw, np.uint8, "w")
+    check(y, np.float32, "y")
+    n_tok, n = x.shape[0], w.rows // 2
+    assert 0 < n_tok <= MATVEC_MAX_TOKENS and x.shape[1] == w.cols and y.shape == (n_tok, n) and w.rows == 2 * n
+    grid, block, suffix = (cdiv(n, MATVEC_WARPS),), (MATVEC_WARPS * 32,), TYPE_SUFFIX[w.qtype]
+    args = (w.raw, x, y, np.int32(w.cols), np.int32(n), np.int32(gelu))
+    if n_tok > 1:
+        assert norm is None
+        k.function("matvec_glu", f"matvec_glu_batch_{suffix}")(grid, block, (*args, np.int32(n_tok)))
+        return
+    if norm is None:
+        k.function("matvec_glu", f"matvec_glu_{suffix}")(grid, block, args)
+        return
+    check(norm, np.float32, "norm")
+    assert norm.shape == (w.cols,) and w.cols <= MATVEC_NORM_COLS
+    k.function("matvec_glu", f"matvec_norm_glu_{suffix}")(
+        grid, block, (w.raw, x, norm, y, np.int32(w.cols), np.int32(n), np.float32(eps),
+                      np.int32(cuda_ops.row_threads(w.cols)), np.int32(gelu)))
+
+
+def launch_bound(ws: list[QuantMatrix]) -> bool:
+    """Whether one token's products with ws are bound by their launch, not their bytes (INT8_MIN_BYTES)."""
+    return max(w.raw.nbytes for w in ws) < INT8_MIN_BYTES
+
+
+def _launch_matvec(k, module: str, w: QuantMatrix, inputs: tuple, y, add, n_tok: int, rows_per_warp,
+                   norm: tuple = ()) -> None:
     """A launch of module's kernels for w (module matvec or matvec_q8, its kernels named after it):
     <module>_<type> or <module>_rows<R>_<type> for one token, <module>_batch_<type> for several;
-    <module>_add_... with the residual add, which they take after the inputs."""
+    <module>_add_... with the residual add, which they take after the inputs; <module>_norm_...
+    with the RMSNorm's (eps, threads) given as norm, which they take last."""
     check(y, np.float32, "y")
     assert 0 < n_tok <= MATVEC_MAX_TOKENS and y.shape == (n_tok, w.rows)
     if add is not None:
@@ -151,8 +195,8 @@ def _launch_matvec(k, module: str, w: QuantMatrix, inputs: tuple, y, add, n_tok:
         assert add.shape == y.shape, f"the residual is {add.shape}, the product {y.shape}"
         module_name, inputs = f"{module}_add", (*inputs, add)
     else:
-        module_name = module
-    args = (*inputs, y, np.int32(w.cols), np.int32(w.rows))
+        module_name = f"{module}_norm" if norm else module
+    args = (*inputs, y, np.int32(w.cols), np.int32(w.rows), *norm)
     block, suffix = (MATVEC_WARPS * 32,), TYPE_SUFFIX[w.qtype]
     if n_tok == 1:
         rows = rows_per_warp(w)

@@ -11,7 +11,7 @@ from llogos_cli.backends.cuda.cuda_kernels import cdiv, check
 _THREADS = 256
 
 
-def _row_threads(ncols: int) -> int:
+def row_threads(ncols: int) -> int:
     """Threads for the one-block-per-row kernels: a warp for short rows (heads), 256 for long ones."""
     return 256 if ncols >= 1024 else 32
 
@@ -74,7 +74,7 @@ def rmsnorm(k, x, w, eps: float, x8=None):
     ncols = x.shape[-1]
     assert w.shape == (ncols,)
     y = k.xp.empty_like(x)
-    grid, block = (x.size // ncols,), (_row_threads(ncols),)
+    grid, block = (x.size // ncols,), (row_threads(ncols),)
     if x8 is None:
         k.function("rmsnorm", "rmsnorm_f32")(grid, block, (x, w, y, np.int32(ncols), np.float32(eps)))
     else:
@@ -90,7 +90,7 @@ def layernorm(k, x, w, b, eps: float):
     ncols = x.shape[-1]
     assert w.shape == b.shape == (ncols,)
     y = k.xp.empty_like(x)
-    k.function("layernorm", "layernorm_f32")((x.size // ncols,), (_row_threads(ncols),),
+    k.function("layernorm", "layernorm_f32")((x.size // ncols,), (row_threads(ncols),),
                                              (x, w, b, y, np.int32(ncols), np.float32(eps)))
     return y
 
@@ -99,7 +99,7 @@ def l2norm(k, x, eps: float):
     check(x, np.float32, "x")
     ncols = x.shape[-1]
     y = k.xp.empty_like(x)
-    k.function("l2norm", "l2norm_f32")((x.size // ncols,), (_row_threads(ncols),),
+    k.function("l2norm", "l2norm_f32")((x.size // ncols,), (row_threads(ncols),),
                                        (x, y, np.int32(ncols), np.float32(eps)))
     return y
 
@@ -134,7 +134,7 @@ def softmax_lengths(k, x, lengths, window: int, scale: float, softcap: float = 0
         assert lengths.size % sinks.size == 0
     y = k.xp.empty_like(x)
     if x.size:
-        k.function("softmax", "softmax_lengths_f32")((lengths.size,), (_row_threads(ncols),),
+        k.function("softmax", "softmax_lengths_f32")((lengths.size,), (row_threads(ncols),),
                                                      (x, y, lengths, np.int32(ncols), np.int32(window),
                                                       np.float32(scale), np.float32(softcap),
                                                       x if sinks is None else sinks,   # x: never read then
