@@ -244,11 +244,12 @@ def test_products_sharing_an_input_with_8_bit_activations(backend, big, monkeypa
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "swiglu", "geglu"])
-@pytest.mark.parametrize("shape", [(1, 2880), (3, 576), (cuda_matmul.GEMM_MIN_TOKENS - 1, 64)])
+@pytest.mark.parametrize("shape", [(1, 2880), (3, 576), (cuda_matmul.GEMM_MIN_TOKENS - 1, 64), (cuda_matmul.GEMM_MIN_TOKENS + 9, 64)])
 def test_norms_and_glus_quantize_their_output_for_the_products(backend, op, shape, monkeypatch):
-    """With int8 products, a few tokens' RMSNorm or GLU output is quantized by the op itself: bit
-    for bit its float32 output and that output's quantize_q8. A product after takes that form (no
-    quantize_q8 launch) and gives bit for bit what it gives with the output quantized apart."""
+    """With int8 products, a few tokens' (and, with int8 tensor cores, a prompt's) RMSNorm or GLU
+    output is quantized by the op itself: bit for bit its float32 output and that output's
+    quantize_q8. A product after takes that form (no quantize_q8 launch) and gives bit for bit
+    what it gives with the output quantized apart."""
     from llogos_cli.backends.cuda.cuda_backend import CudaBackend
     monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
     int8 = CudaBackend(backend.kernels, "int8")
