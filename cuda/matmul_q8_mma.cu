@@ -1,17 +1,18 @@
 // y (ntok, nrows) = x · W (nrows, ncols)ᵀ with x quantized to 8 bits (quantize_q8.cu) and W in one
 // of the types of mma_runs.cuh, on int8 tensor cores (mma_s8.cuh), as llama.cpp's MMQ: the
 // products of prompts without dequantizing W to float16 first. A block of 8 warps takes a tile of
-// MMQ_ROWS rows and MMQ_TOKENS tokens; per stage of MMQ_RUNS runs of 32 it decodes the tile's
-// weights to int8 and copies the tokens' activations into shared memory, and each warp then
-// multiplies 32 rows by 32 tokens, one 16 x 8 x 32 product per run: a run is one scale of the
-// weights and one step of the activations, applied in float to that product's integer sums.
+// 128 rows (matmul_q8_mma_<type>) or 64 (matmul_q8_mma_rows64_<type>, for grids that would
+// otherwise leave multiprocessors idle) by MMQ_TOKENS tokens; per stage of MMQ_RUNS runs of 32 it
+// decodes the tile's weights to int8 and copies the tokens' activations into shared memory, and
+// each warp then multiplies 32 (16) rows by 32 tokens, one 16 x 8 x 32 product per run and 16
+// rows: a run is one scale of the weights and one step of the activations, applied in float to
+// that product's integer sums.
 // Tiles of the same rows are neighbours in the grid (blockIdx.x the token tile), so a prompt's
 // token tiles read each weight tile from L2 rather than memory.
 #include "common.cuh"
 #include "mma_runs.cuh"
 #include "mma_s8.cuh"
 
-#define MMQ_ROWS 128
 #define MMQ_TOKENS 64
 #define MMQ_RUNS 4
 #define MMQ_THREADS 256
@@ -26,24 +27,26 @@
 
 __device__ __forceinline__ float sum_to_f32(int c) { return __uint_as_float((u32)c) - MMQ_SUM_BIAS_F; }
 
-template <class Q>
+// MI: products of 16 rows a warp takes, the block's tile 64 MI rows.
+template <class Q, int MI>
 __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows, int ntok) {
-    __shared__ uint4 w_s[MMQ_ROWS * MMQ_STRIDE / 16];
+    constexpr int ROWS = 64 * MI;
+    __shared__ uint4 w_s[ROWS * MMQ_STRIDE / 16];
     __shared__ uint4 x_s[MMQ_TOKENS * MMQ_STRIDE / 16];
-    __shared__ float2 wd_s[MMQ_ROWS][MMQ_RUNS];
+    __shared__ float2 wd_s[ROWS][MMQ_RUNS];
     __shared__ float2 xd_s[MMQ_TOKENS][MMQ_RUNS];
     u8* wq = (u8*)w_s;
     u8* xq_s = (u8*)x_s;
 
-    const int row0 = blockIdx.y * MMQ_ROWS, tok0 = blockIdx.x * MMQ_TOKENS;
+    const int row0 = blockIdx.y * ROWS, tok0 = blockIdx.x * MMQ_TOKENS;
     const int nruns = ncols / 32, nblocks = ncols / Q::QK;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
-    const int wrow = 32 * (warp % 4), wtok = 32 * (warp / 4);  // the warp's rows and tokens in the tile
-    float acc[2][4][4] = {};
+    const int wrow = 16 * MI * (warp % 4), wtok = 32 * (warp / 4);  // the warp's rows and tokens in the tile
+    float acc[MI][4][4] = {};
 
     for (int run0 = 0; run0 < nruns; run0 += MMQ_RUNS) {
         const int runs = min(MMQ_RUNS, nruns - run0);
-        for (int i = threadIdx.x; i < MMQ_ROWS * MMQ_RUNS; i += MMQ_THREADS) {
+        for (int i = threadIdx.x; i < ROWS * MMQ_RUNS; i += MMQ_THREADS) {
             const int r = i / MMQ_RUNS, k = i % MMQ_RUNS;
             if (k >= runs) continue;
             const int row = min(row0 + r, nrows - 1);  // rows past the end read the last one again and store nothing
@@ -82,10 +85,10 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
         __syncthreads();
 
         for (int k = 0; k < runs; k++) {
-            u32 a[2][4], b[4][2];
-            float2 wd[2][2], xd[4][2];
+            u32 a[MI][4], b[4][2];
+            float2 wd[MI][2], xd[4][2];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
+            for (int mi = 0; mi < MI; mi++) {
                 const u8* p = wq + (wrow + 16 * mi + g) * MMQ_STRIDE + 32 * k + 4 * t;
                 a[mi][0] = load_u32(p);
                 a[mi][1] = load_u32(p + 8 * MMQ_STRIDE);
@@ -103,7 +106,7 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
                 xd[ni][1] = xd_s[wtok + 8 * ni + 2 * t + 1][k];
             }
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
+            for (int mi = 0; mi < MI; mi++) {
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) {
                     if constexpr (Q::HALVES) {  // elements 0-15 and 16-31 in products of their own
@@ -133,7 +136,7 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
     }
 
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < MI; mi++) {
 #pragma unroll
         for (int ni = 0; ni < 4; ni++) {
 #pragma unroll
@@ -145,12 +148,16 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
     }
 }
 
-#define MATMUL_Q8_MMA(type)                                                                                      \
+#define MATMUL_Q8_MMA_FORM(form, type, mi)                                                                      \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                                   \
-        matmul_q8_mma_##type(const u8* __restrict__ w, const i8* __restrict__ xq, const float2* __restrict__ xs, \
-                             float* __restrict__ y, int ncols, int nrows, int ntok) {                           \
-        matmul_q8_mma<type##_mma>(w, xq, xs, y, ncols, nrows, ntok);                                             \
+        matmul_q8_mma##form##_##type(const u8* __restrict__ w, const i8* __restrict__ xq,                       \
+                                     const float2* __restrict__ xs, float* __restrict__ y, int ncols, int nrows, \
+                                     int ntok) {                                                                \
+        matmul_q8_mma<type##_mma, mi>(w, xq, xs, y, ncols, nrows, ntok);                                         \
     }
+#define MATMUL_Q8_MMA(type)            \
+    MATMUL_Q8_MMA_FORM(, type, 2)      \
+    MATMUL_Q8_MMA_FORM(_rows64, type, 1)
 
 MATMUL_Q8_MMA(q8_0)
 MATMUL_Q8_MMA(q4_0)

@@ -96,6 +96,19 @@ def test_long_prompts_take_the_gemm_paths(backend):
     assert not {"dequantize_q8_0", "softmax_lengths_f32"} & set(backend.kernels.launched)
 
 
+@pytest.mark.parametrize("row_tiles, kernel", [(2, "matmul_q8_mma_rows64_q4_0"), (4, "matmul_q8_mma_q4_0")])
+def test_prompt_products_take_half_tiles_where_whole_ones_leave_multiprocessors_idle(kernels, row_tiles, kernel):
+    """With int8 products, a prompt's product of an int8 type takes tiles of MMQ_ROWS rows where
+    they give the GPU (the emulator's: 4 multiprocessors) a block each, else tiles of half."""
+    int8 = CudaBackend(kernels, "int8")
+    assert kernels.multiprocessors == 4
+    rows, cols = row_tiles * cuda_matmul.MMQ_ROWS, 64
+    w = int8.matrix(random_weights(np.random.default_rng(row_tiles), QType.Q4_0, rows, cols), QType.Q4_0, matmul=True)
+    kernels.launched.clear()
+    int8.matmul(int8.xp.asarray(np.ones((cuda_matmul.MMQ_TOKENS, cols), np.float32)), w)
+    assert kernels.launched == ["quantize_q8", kernel]
+
+
 @pytest.mark.parametrize("qtype, rows, kernel", [(QType.Q4_K, 4096, "matvec_rows2_q4_K"), (QType.Q8_0, 4096, "matvec_rows2_q8_0"),
                                                  (QType.Q4_K, 1024, "matvec_q4_K"), (QType.Q6_K, 4096, "matvec_q6_K")])
 def test_one_token_products_take_two_rows_a_warp_where_that_measured_faster(backend, qtype, rows, kernel):

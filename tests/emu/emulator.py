@@ -1,7 +1,7 @@
 """Run the CUDA kernels on the CPU: cuda/*.cu compiled as host C++ behind a CuPy-shaped provider.
 
 `EmuKernels` has the members the launchers use of `llogos_cli.backends.cuda.cuda_kernels.CudaKernels`
-(xp, function, int8_mma, gemm_f16, capture, to_host, synchronize) with NumPy arrays in place of device
+(xp, function, int8_mma, multiprocessors, gemm_f16, capture, to_host, synchronize) with NumPy arrays in place of device
 memory, so the launchers (grid sizes, kernel choice, argument packing) run unchanged against the
 emulated kernels.
 
@@ -145,6 +145,7 @@ class EmuKernels:
         self.modules: dict[str, list[str]] = json.loads((folder / "kernels.json").read_text())
         self._kernels: dict[str, EmuKernel] = {}
         self.int8_mma = True  # cuda_emu.h emulates the tensor cores' int8 products
+        self.multiprocessors = 4  # few: the tiny test models' products take both tile sizes
         self.launched: list[str] = []  # names in launch order, for tests of kernel choice
         self._recording: list | None = None  # work a capture has recorded, as functions to replay
         self.xp = _NumpyInGraphs(self)

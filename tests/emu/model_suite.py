@@ -232,10 +232,14 @@ def test_decoder_runs_rows_past_its_largest_bucket_in_chunks(backend):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
 
 
-def test_decoder_replays_gemm_buckets(backend):
-    """From GEMM_MIN_TOKENS rows the products are f16 GEMMs: a step padded to such a bucket, replayed
-    with other slots, equals the same padded rows run eagerly."""
-    _, gpu = model_pair("tiny-qwen3-f32", backend)
+@pytest.mark.parametrize("name, products", [("tiny-qwen3-f32", "float"), ("tiny-llama-q8_0", "int8")])
+def test_decoder_replays_gemm_buckets(backend, name, products):
+    """From GEMM_MIN_TOKENS rows the products are f16 GEMMs (with int8 products, int8 tensor-core
+    ones where the GPU has them): a step padded to such a bucket, replayed with other slots, equals
+    the same padded rows run eagerly."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    backend = CudaBackend(backend.kernels, products)
+    _, gpu = model_pair(name, backend)
     size, rows = cuda_matmul.GEMM_MIN_TOKENS, cuda_matmul.GEMM_MIN_TOKENS - 5
     rng = np.random.default_rng(8)
     eager, graphed = prefilled_caches(gpu, 2, [rng.integers(0, gpu.cfg.n_vocab, 2).astype(np.int32)] * rows)
@@ -245,7 +249,11 @@ def test_decoder_replays_gemm_buckets(backend):
         tokens, pos = rng.integers(0, gpu.cfg.n_vocab, rows).astype(np.int32), np.full(rows, 2 + step, np.int32)
         padded = (np.pad(tokens, (0, size - rows)), np.pad(slots, (0, size - rows), constant_values=eager.pad_slot),
                   np.pad(pos, (0, size - rows)))
+        launched = len(getattr(backend.kernels, "launched", ()))
         want = backend.to_host(gpu.forward_rows(eager, *padded))[:rows]
+        if hasattr(backend.kernels, "launched"):
+            mma = any(n.startswith("matmul_q8_mma") for n in backend.kernels.launched[launched:])
+            assert mma == (products == "int8")
         got = backend.to_host(decoder.step(tokens, slots, pos))
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
 

@@ -187,14 +187,15 @@ def test_a_token_s_8_bit_product_does_not_depend_on_the_tokens_beside_it(backend
             np.testing.assert_array_equal(host(backend, alone)[0], together[t])
 
 
+@pytest.mark.parametrize("tile", [cuda_matmul.MMQ_ROWS, cuda_matmul.MMQ_ROWS // 2])
 @pytest.mark.parametrize("qtype", sorted(cuda_matmul.INT8_TYPES, key=int), ids=lambda t: t.name)
-def test_prompt_products_on_int8_tensor_cores(backend, qtype):
-    """matmul_q8_mma on partial tiles of rows and tokens, with a partial stage of runs for the
-    32-element types and a zero run: up to float32 rounding the 8-bit activations as quantize_q8
+def test_prompt_products_on_int8_tensor_cores(backend, qtype, tile):
+    """matmul_q8_mma with tiles of both sizes, on partial tiles of rows and tokens, with a partial
+    stage of runs for the 32-element types and a zero run: up to float32 rounding the 8-bit activations as quantize_q8
     made them times the weights, so each fragment of the int8 products sits where PTX puts it
     (a lane's bytes in another row or run would be off by the products' size); and within the
     activations' rounding of x · Wᵀ."""
-    rng = np.random.default_rng(int(qtype) + 60)
+    rng = np.random.default_rng(int(qtype) + tile)
     rows, n_tok = cuda_matmul.MMQ_ROWS + 3, cuda_matmul.MMQ_TOKENS + 6
     cols = 768 if GGML_QUANT_SIZES[qtype][0] == 256 else 160
     raw = random_weights(rng, qtype, rows, cols)
@@ -203,9 +204,10 @@ def test_prompt_products_on_int8_tensor_cores(backend, qtype):
     x[:, 32:64] = 0.0
     x8 = cuda_matmul.quantize_q8(backend.kernels, backend.xp.asarray(x))
     y = backend.xp.full((n_tok, rows), np.nan, np.float32)
-    cuda_matmul.matmul_q8_mma(backend.kernels, x8, w, y)
+    cuda_matmul.matmul_q8_mma(backend.kernels, x8, w, y, tile)
     if hasattr(backend.kernels, "launched"):
-        assert backend.kernels.launched[-1] == f"matmul_q8_mma_{cuda_matmul.TYPE_SUFFIX[qtype]}"
+        form = "" if tile == cuda_matmul.MMQ_ROWS else f"rows{tile}_"
+        assert backend.kernels.launched[-1] == f"matmul_q8_mma_{form}{cuda_matmul.TYPE_SUFFIX[qtype]}"
     xq, xs = (host(backend, a).astype(np.float64) for a in x8)
     rounded = (xq.reshape(n_tok, -1, 32) * xs[..., :1]).reshape(n_tok, cols)
     dense = reference(raw, qtype).astype(np.float64)
@@ -242,11 +244,12 @@ def test_products_sharing_an_input_with_8_bit_activations(backend, big, monkeypa
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "swiglu", "geglu"])
-@pytest.mark.parametrize("shape", [(1, 2880), (3, 576), (cuda_matmul.GEMM_MIN_TOKENS - 1, 64)])
+@pytest.mark.parametrize("shape", [(1, 2880), (3, 576), (cuda_matmul.GEMM_MIN_TOKENS - 1, 64), (cuda_matmul.GEMM_MIN_TOKENS + 9, 64)])
 def test_norms_and_glus_quantize_their_output_for_the_products(backend, op, shape, monkeypatch):
-    """With int8 products, a few tokens' RMSNorm or GLU output is quantized by the op itself: bit
-    for bit its float32 output and that output's quantize_q8. A product after takes that form (no
-    quantize_q8 launch) and gives bit for bit what it gives with the output quantized apart."""
+    """With int8 products, a few tokens' (and, with int8 tensor cores, a prompt's) RMSNorm or GLU
+    output is quantized by the op itself: bit for bit its float32 output and that output's
+    quantize_q8. A product after takes that form (no quantize_q8 launch) and gives bit for bit
+    what it gives with the output quantized apart."""
     from llogos_cli.backends.cuda.cuda_backend import CudaBackend
     monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
     int8 = CudaBackend(backend.kernels, "int8")

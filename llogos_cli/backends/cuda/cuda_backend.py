@@ -253,9 +253,10 @@ class CudaBackend:
 
     def _q8_for(self, shape: tuple):
         """Buffers for the 8-bit form of activations of this shape, where the op making them can
-        fill them on the way (few tokens' rows of whole runs, for the products that may take them
-        next), else None."""
-        if self.products == "int8" and len(shape) == 2 and shape[0] < GEMM_MIN_TOKENS and shape[1] % Q8_RUN == 0:
+        fill them on the way (rows of whole runs, for the products that may take them next: a few
+        tokens', and many tokens' where the GPU has int8 tensor cores), else None."""
+        takes = shape[0] < GEMM_MIN_TOKENS or self.kernels.int8_mma   # many tokens: matmul_q8_mma's
+        if self.products == "int8" and len(shape) == 2 and takes and shape[1] % Q8_RUN == 0:
             return q8_buffers(self.xp, shape)
         return None
 

@@ -2,7 +2,7 @@
 
 The launchers (cuda_matmul, cuda_attention, cuda_ops, ...) reach the GPU only through a kernel
 provider: `xp` (the array module), `function(module, name)` (a kernel, called as
-kernel(grid, block, args)), `int8_mma` (whether it has int8 tensor cores), `gemm_f16`, `capture`, `to_host` and `synchronize`. `CudaKernels` is
+kernel(grid, block, args)), `int8_mma` (whether it has int8 tensor cores), `multiprocessors`, `gemm_f16`, `capture`, `to_host` and `synchronize`. `CudaKernels` is
 the one backed by CuPy; the CPU emulator in tests/emu provides the same members over NumPy, so
 the launch logic runs in the tests without a GPU.
 """
@@ -70,6 +70,7 @@ class CudaKernels:
         self._capturing = False
         # mma.sync's int8 products (matmul_q8_mma.cu) need sm_80 or later.
         self.int8_mma = int(cupy.cuda.Device().compute_capability) >= 80
+        self.multiprocessors = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     def function(self, module: str, name: str):
         if name not in self._functions:

@@ -40,7 +40,8 @@ Q8_RUN = 32              # activations quantized per run of this many, each with
 INT8_MIN_BYTES = 1 << 20
 # From this many tokens on, one f16 GEMM beats re-reading the quantized weights every 8 tokens.
 GEMM_MIN_TOKENS = 32
-# Tiles of the tensor-core products (matmul_q8_mma.cu): weight rows and tokens a thread block.
+# Tiles of the tensor-core products (matmul_q8_mma.cu): weight rows (or half as many, mma_rows)
+# and tokens a thread block.
 MMQ_ROWS, MMQ_TOKENS, MMQ_THREADS = 128, 64, 256
 SCRATCH_ELEMENTS = 1 << 25  # f16 dequantization buffer (64 MiB): bigger matrices go in row chunks
 _THREADS = 256
@@ -112,7 +113,7 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None, add=None):
                 matvec(k, x[t0:t1], w, y[t0:t1], add=rows)
         return y
     if x8 is not None and w.qtype in INT8_TYPES:
-        matmul_q8_mma(k, x8, w, y)
+        matmul_q8_mma(k, x8, w, y, mma_rows(k, w, n_tok))
         return y if add is None else cuda_ops.add(k, add, y)
     x16 = k.xp.empty(x.shape, np.float16)
     dequantize(k, x.view(np.uint8), QType.F32, x16)  # as astype(float16), in a kernel the emulator's graphs replay too
@@ -242,17 +243,25 @@ def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp_q8, a
     _launch_matvec(k, "matvec_q8", w, (w.raw, xq, xs), y, add, xq.shape[0], rows_per_warp)
 
 
-def matmul_q8_mma(k, x8: tuple, w: QuantMatrix, y) -> None:
+def mma_rows(k, w: QuantMatrix, n_tok: int) -> int:
+    """Rows a thread block of matmul_q8_mma takes: MMQ_ROWS, or half that where tiles of MMQ_ROWS
+    would give the GPU fewer blocks than it has multiprocessors (small matrices, few tokens)."""
+    return MMQ_ROWS if cdiv(w.rows, MMQ_ROWS) * cdiv(n_tok, MMQ_TOKENS) >= k.multiprocessors else MMQ_ROWS // 2
+
+
+def matmul_q8_mma(k, x8: tuple, w: QuantMatrix, y, rows: int = MMQ_ROWS) -> None:
     """y (T, out) = x · Wᵀ for W of INT8_TYPES, x as quantize_q8 made it, on int8 tensor cores:
-    tiles of MMQ_ROWS rows by MMQ_TOKENS tokens, any T."""
+    tiles of `rows` (MMQ_ROWS or half that) rows by MMQ_TOKENS tokens, any T."""
     xq, xs = x8
     check(xq, np.int8, "xq")
     check(xs, np.float32, "xs")
     check(w.raw, np.uint8, "w")
     check(y, np.float32, "y")
     assert w.qtype in INT8_TYPES and xq.shape[1] == w.cols and y.shape == (xq.shape[0], w.rows)
-    k.function("matmul_q8_mma", f"matmul_q8_mma_{TYPE_SUFFIX[w.qtype]}")(
-        (cdiv(xq.shape[0], MMQ_TOKENS), cdiv(w.rows, MMQ_ROWS)), (MMQ_THREADS,),
+    assert rows in (MMQ_ROWS, MMQ_ROWS // 2)
+    form = "" if rows == MMQ_ROWS else f"_rows{rows}"
+    k.function("matmul_q8_mma", f"matmul_q8_mma{form}_{TYPE_SUFFIX[w.qtype]}")(
+        (cdiv(xq.shape[0], MMQ_TOKENS), cdiv(w.rows, rows)), (MMQ_THREADS,),
         (w.raw, xq, xs, y, np.int32(w.cols), np.int32(w.rows), np.int32(xq.shape[0])))
 
 
