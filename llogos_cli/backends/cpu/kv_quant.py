@@ -13,6 +13,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 PACKED_TYPES = ("q4_0", "iq4_nl")
 BLOCK, BLOCK_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_0]   # IQ4_NL's are the same: 32 elements in 18 bytes
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+# What nibble n means, times its block's scale: the table the compiled attention decodes with.
+LEVELS = {"q4_0": np.arange(-8, 8, dtype=np.float32), "iq4_nl": IQ4_NL_VALUES}
 # ggml's GROUP_MAX_EPS: an iq4_nl block whose largest magnitude is below it is stored as zeros.
 _IQ4_NL_EPS = np.float32(1e-15)
 
@@ -74,5 +76,4 @@ def dequantize(raw: np.ndarray, cache_type: str) -> np.ndarray:
     blocks = raw.reshape(*raw.shape[:-1], -1, BLOCK_BYTES)                      # (..., nb, 18)
     d = np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(np.float32)   # (..., nb, 1)
     nibbles = np.concatenate([blocks[..., 2:] & 0xF, blocks[..., 2:] >> 4], axis=-1)   # (..., nb, 32)
-    levels = nibbles.astype(np.float32) - 8 if cache_type == "q4_0" else IQ4_NL_VALUES[nibbles]
-    return (d * levels).reshape(*raw.shape[:-1], -1)
+    return (d * LEVELS[cache_type][nibbles]).reshape(*raw.shape[:-1], -1)
