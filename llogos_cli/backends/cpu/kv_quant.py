@@ -49,13 +49,11 @@ def _iq4_nl(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inv = np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, np.float32(1), d))
     q = _nearest_iq4(blocks * inv)
     # The scale that best fits the chosen levels, each element weighted by its square; summed in
-    # element order as the reference's loop (and kv_cache.cuh's) does, so the f16 scales agree.
+    # element order as the reference's loop (and kv_cache.cuh's) does, so the f16 scales agree:
+    # add.accumulate adds one element at a time, where sum() would add in pairs.
     wq = blocks * blocks * IQ4_NL_VALUES[q]
-    sum_qx = np.zeros(d.shape, np.float32)
-    sum_q2 = np.zeros(d.shape, np.float32)
-    for j in range(BLOCK):
-        sum_qx += (wq[..., j] * blocks[..., j])[..., None]
-        sum_q2 += (wq[..., j] * IQ4_NL_VALUES[q[..., j]])[..., None]
+    sum_qx = np.add.accumulate(wq * blocks, axis=-1)[..., -1:]
+    sum_q2 = np.add.accumulate(wq * IQ4_NL_VALUES[q], axis=-1)[..., -1:]
     fitted = np.where(sum_q2 > 0, sum_qx / np.where(sum_q2 > 0, sum_q2, np.float32(1)), np.float32(0))
     tiny = np.abs(top) < _IQ4_NL_EPS
     return np.where(tiny, np.float32(0), fitted), np.where(tiny, np.uint8(0), q)
