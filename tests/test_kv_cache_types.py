@@ -165,10 +165,11 @@ def _attend_decode_and_prompt(backend, type_k, type_v, keys, values, q, paged):
                                                     ("f32", "q4_0", 64, 64)])
 @pytest.mark.parametrize("paged", [False, True], ids=["unpaged", "paged"])
 def test_compiled_attention_reads_each_type_as_float32_over_its_decoded_rows(type_k, type_v, dk, dv, paged):
-    """The compiled loop (numba) reads f16, q8_0 and the 4-bit rows where they lie: the same bits as
-    its float32 cache holding the decoded values, head sizes on the vector path (multiples of 16)
-    and off it (40, 24); and, other sums in another order, the NumPy path's result within float32
-    rounding."""
+    """The compiled loop (numba) reads f16, q8_0 and the 4-bit rows where they lie: what it gives
+    over a float32 cache holding the decoded values, head sizes on the vector path (multiples of
+    16) and off it (40, 24), to a rounding or two (the loop compiles apart for each pair of element
+    types, and LLVM may split a softmax's sums across lanes differently in each: fresh code and
+    numba's cached code do); and the NumPy path's result within float32 rounding."""
     compiled, plain = NumpyBackend("f32", batched=True), NumpyBackend("f32")
     assert compiled.compiled_attention is not None and plain.compiled_attention is None
     rng = np.random.default_rng(7)
@@ -179,7 +180,7 @@ def test_compiled_attention_reads_each_type_as_float32_over_its_decoded_rows(typ
     want = _attend_decode_and_prompt(compiled, "f32", "f32", _decoded(keys, type_k), _decoded(values, type_v), q, paged)
     numpy = _attend_decode_and_prompt(plain, type_k, type_v, keys, values, q, paged)
     for g, w, n in zip(got, want, numpy):
-        np.testing.assert_array_equal(g, w)
+        assert relative_error(g, w) < 1e-6
         assert relative_error(g, n) < 1e-5
 
 
