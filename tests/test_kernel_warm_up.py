@@ -46,6 +46,20 @@ def test_no_prompt_or_step_compiles_a_kernel_after_loading(cpu_weights, n_slots)
     assert _compiled() == ready
 
 
+@pytest.mark.parametrize("cache_types", [("f16", "f16"), ("q4_0", "iq4_nl"), ("q8_0", "f16")])
+def test_no_step_over_a_kv_cache_of_another_type_compiles_after_loading(cache_types):
+    """The attention loop compiles once for each pair of the caches' element types: loading with
+    -ctk/-ctv compiles the run's pair too (in the warm-up's children, so that a first run computes
+    what later ones do)."""
+    loaded = load("smollm2-135m", "cpu", "quantized", n_ctx=128, cache_types=cache_types)
+    ready = _compiled()
+    model = loaded.model
+    cache = model.new_cache(1, 128, *cache_types)
+    for n in (40, 1):   # a prompt's tiles, then a decode row
+        model.forward(cache, Batch.run(np.arange(3, 3 + n), 0, 40 if n == 1 else 0, [n - 1]))
+    assert _compiled() == ready
+
+
 def test_a_first_run_says_it_compiles_and_computes_what_later_runs_do(env, tmp_path):
     """The first run on a machine (numba's cache empty) says it compiles, step by step, and times
     the compile apart from loading; the next says nothing of compiling, however long loading takes.

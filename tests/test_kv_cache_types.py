@@ -139,6 +139,65 @@ def test_attention_over_a_4_bit_cache_stays_within_the_rounding_bound(cache_type
     assert error.max() <= bound / 2
 
 
+# ------------------------------------------------------------------ the compiled attention over each type
+def _decoded(x: np.ndarray, cache_type: str) -> np.ndarray:
+    """What a cache of cache_type holds of rows x, as float32."""
+    if cache_type == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if cache_type in PACKED:
+        return kv_quant.dequantize(kv_quant.quantize(x, cache_type), cache_type)
+    if cache_type == "q8_0":   # held as float32 after its round trip: read back what a cache holds
+        backend, n = NumpyBackend(), x.shape[0]
+        cache = backend.kv_cache(1, n, x.shape[1], x.shape[2], x.shape[2], "q8_0", "q8_0")
+        backend.kv_store(cache, x, x, backend.batch_layout(np.zeros(n), np.arange(n)))
+        return cache.k[0].transpose(1, 0, 2).copy()
+    return x
+
+
+def _attend_decode_and_prompt(backend, type_k, type_v, keys, values, q, paged):
+    """A prompt chunk of len(q) tokens after the rest, then the last token alone as a decode row."""
+    return [_attend(backend, type_k, type_v, keys, values, q[-T:], paged) for T in (len(q), 1)]
+
+
+@pytest.mark.parametrize("type_k, type_v, dk, dv", [("f16", "f16", 64, 64), ("f16", "f16", 40, 24),
+                                                    ("q8_0", "q8_0", 64, 64), ("q4_0", "q4_0", 64, 64),
+                                                    ("iq4_nl", "iq4_nl", 32, 96), ("iq4_nl", "f16", 64, 64),
+                                                    ("f32", "q4_0", 64, 64)])
+@pytest.mark.parametrize("paged", [False, True], ids=["unpaged", "paged"])
+def test_compiled_attention_reads_each_type_as_float32_over_its_decoded_rows(type_k, type_v, dk, dv, paged):
+    """The compiled loop (numba) reads f16, q8_0 and the 4-bit rows where they lie: what it gives
+    over a float32 cache holding the decoded values, head sizes on the vector path (multiples of
+    16) and off it (40, 24), to a rounding or two (the loop compiles apart for each pair of element
+    types, and LLVM may split a softmax's sums across lanes differently in each: fresh code and
+    numba's cached code do); and the NumPy path's result within float32 rounding."""
+    compiled, plain = NumpyBackend("f32", batched=True), NumpyBackend("f32")
+    assert compiled.compiled_attention is not None and plain.compiled_attention is None
+    rng = np.random.default_rng(7)
+    keys = rng.standard_normal((136, 2, dk)).astype(np.float32)    # two chunks of 64 positions and a part
+    values = rng.standard_normal((136, 2, dv)).astype(np.float32)
+    q = rng.standard_normal((40, 6, dk)).astype(np.float32)
+    got = _attend_decode_and_prompt(compiled, type_k, type_v, keys, values, q, paged)
+    want = _attend_decode_and_prompt(compiled, "f32", "f32", _decoded(keys, type_k), _decoded(values, type_v), q, paged)
+    numpy = _attend_decode_and_prompt(plain, type_k, type_v, keys, values, q, paged)
+    for g, w, n in zip(got, want, numpy):
+        assert relative_error(g, w) < 1e-6
+        assert relative_error(g, n) < 1e-5
+
+
+def test_the_compiled_f16_store_rounds_as_numpy_does():
+    """To nearest, ties to even, past 65504 to infinity, small values to subnormals."""
+    backend = NumpyBackend("f32", batched=True)
+    x = np.random.default_rng(8).standard_normal((8, 2, 32)).astype(np.float32)
+    x[0, 0, :6] = [1 + 2 ** -11, 1 + 3 * 2 ** -11, 65504.0, 70000.0, -3e-6, 2 ** -24]
+    x[1, 1] *= 1e-5
+    cache = backend.kv_cache(1, 8, 2, 32, 32, "f16", "f16")
+    backend.kv_store(cache, x, -x, backend.batch_layout(np.zeros(8), np.arange(8)))
+    with np.errstate(over="ignore"):
+        halves = [rows.astype(np.float16).view(np.uint16) for rows in (x, -x)]
+    for stored, want in zip((cache.k, cache.v), halves):
+        np.testing.assert_array_equal(stored[0].transpose(1, 0, 2).view(np.uint16), want)
+
+
 # ------------------------------------------------------------------ a model with 4-bit caches
 def test_fixture_logits_with_a_q4_0_cache_near_float32():
     """The q4_0 cache's logits stray from float32's by about as much more than q8_0's as its step

@@ -188,7 +188,7 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
     loading = f"loading {source.path.name}"
     with err.status(loading, spinner="dots") as status:
         # first: the compiler's pages are handed back before the weights come
-        compile_s = b.warm_up(memory.product_types(f, cfg), cfg.n_expert > 0, _CompileReport(status, loading))
+        compile_s = b.warm_up(memory.product_types(f, cfg), cfg.n_expert > 0, _CompileReport(status, loading), kv_types)
         model = Model(f, b)
     return Loaded(source, model, source.open_ms + (time.perf_counter() - t0 - compile_s) * 1e3, note, compile_s * 1e3)
 

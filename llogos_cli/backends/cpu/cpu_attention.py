@@ -19,10 +19,13 @@ never read, nor those before its window.
 """
 
 import numpy as np
+from numba import types
+from numba.extending import overload
 
-from llogos_cli.backends.cpu.cpu_jit import exp32, kernel, parallel_kernel, prange, share_out
-from llogos_cli.backends.cpu.cpu_simd_attention import (HEAD_MULTIPLE, KEYS, cached_key_scores, cached_value_sums,
-                                                        key_scores, value_sums)
+from llogos_cli.backends.cpu.cpu_jit import exp32, f16_at, kernel, parallel_kernel, prange, share_out
+from llogos_cli.backends.cpu.cpu_simd_attention import (HEAD_MULTIPLE, KEYS, as_float, cached_key_scores,
+                                                        cached_value_sums, half_bits, key_scores, value_sums)
+from llogos_cli.backends.cpu.kv_quant import BLOCK, BLOCK_BYTES
 
 TILE = 32         # prompt positions of one item: with a group's heads, the queries sharing each chunk
 CHUNK = 4 * KEYS  # key positions of one chunk: its keys and values (16 KiB each at head size 64) fit L1
@@ -30,24 +33,26 @@ CHUNK = 4 * KEYS  # key positions of one chunk: its keys and values (16 KiB each
 _LOWEST = np.float32(-3.0e38)
 
 
-def attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
+def attend(q, k, v, levels_k, levels_v, blocks, last, items, scale, window, softcap, sinks, out):
     """_attend, its items handed out one at a time as threads come free."""
     share_out(items.shape[0])
-    _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out)
+    _attend(q, k, v, levels_k, levels_v, blocks, last, items, scale, window, softcap, sinks, out)
 
 
 @parallel_kernel
-def _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
+def _attend(q, k, v, levels_k, levels_v, blocks, last, items, scale, window, softcap, sinks, out):
     """q (T, H, dk): item i is the tokens items[i, 0] to items[i, 1] (consecutive positions of one
     slot, so that the first's block table serves them all) with heads items[i, 2] to items[i, 3] (of
     one KV group). Token t attends its keys at positions [max(0, last[t] + 1 - window), last[t] + 1)
     (window 0: from 0). Position p of token t lies at offset p % B of first index blocks[t, p // B] of
-    k (N, n_kv, B, dk) and v (N, n_kv, B, dv), float32. Scores s = scale q·k become
+    k (N, n_kv, B, dk) and v (N, n_kv, B, dv): float32, float16 as uint16 bit patterns, or rows of
+    4-bit blocks (uint8, kv_quant's layout) whose nibble n means levels_k[n] (levels_v[n]) times the
+    block's scale, decoded a chunk at a time into float32 scratch. Scores s = scale q·k become
     softcap * tanh(s / softcap) unless softcap is 0; sinks (H,), or none, join each softmax's
     denominator as one more logit. -> out (T, H, dv). KEYS positions at a time in vector registers
     (cpu_simd_attention), the rest one by one."""
-    H, dk = q.shape[1], q.shape[2]
-    n_kv, B, dv = k.shape[1], k.shape[2], v.shape[3]
+    H, dk, dv = q.shape[1], q.shape[2], out.shape[2]
+    n_kv, B = k.shape[1], k.shape[2]
     group = H // n_kv
     wide = dk % HEAD_MULTIPLE == 0 and dv % HEAD_MULTIPLE == 0
     for item in prange(items.shape[0]):
@@ -55,8 +60,9 @@ def _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
         g, heads = h0 // group, h1 - h0
         n_q = (t1 - t0) * heads                      # query m: token t0 + m // heads, head h0 + m % heads
         # One query reads each chunk once, from memory: ask for the next rows ahead. Many read it
-        # again from L1, where asking only spends instructions. The sums are the same either way.
-        streamed = n_q == 1
+        # again from L1, where asking only spends instructions, as does a decoded chunk. The sums
+        # are the same either way.
+        streamed_k, streamed_v = n_q == 1 and not _packed(k), n_q == 1 and not _packed(v)
         qs = np.empty((n_q, dk), np.float32)
         top = np.empty(n_q, np.float32)              # the largest score so far
         total = np.empty(n_q, np.float32)            # Σ exp(score - top)
@@ -72,11 +78,16 @@ def _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
         for t in range(t0, t1):
             firsts[t - t0] = max(np.int64(0), np.int64(last[t]) + 1 - window) if window > 0 else np.int64(0)
         scores = np.empty(CHUNK, np.float32)
-        j0 = firsts.min()
-        j0 -= j0 % CHUNK                             # the chunk that holds it
+        scratch_k, scratch_v = _scratch(k, dk), _scratch(v, dv)
+        keys, values = _flat(k, scratch_k), _flat(v, scratch_v)   # what the rows' flat indices index
+        first = firsts.min()
+        j0 = first - first % CHUNK                   # the chunk that holds it
         end = np.int64(last[t0:t1].max()) + 1
         while j0 < end:
             j1 = min(j0 + CHUNK, end)                # a chunk may span blocks of the cache: read block by block
+            lo = max(j0, first)                      # the first position any query reads in it
+            _decode(k, levels_k, blocks, t0, g, lo, j1, dk, scratch_k)
+            _decode(v, levels_v, blocks, t0, g, lo, j1, dv, scratch_v)
             for m in range(n_q):
                 t = t0 + m // heads
                 a, b = max(j0, firsts[t - t0]), min(j1, np.int64(last[t]) + 1)
@@ -84,21 +95,20 @@ def _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
                     continue
                 s0 = a
                 while s0 < b:
-                    block = s0 // B
-                    s1 = min(b, (block + 1) * B)
-                    row0 = (np.int64(blocks[t0, block]) * n_kv + g) * B - block * B   # flat row of position 0
+                    s1 = min(b, (s0 // B + 1) * B)
+                    row = _row(k, blocks, t0, g, s0, lo, dk)   # position s0's; the next ones follow to s1
                     j = s0
                     while wide and j + KEYS <= s1:
-                        if streamed:
-                            key_scores(k, (row0 + j) * dk, qs[m], scores, j - a)
+                        if streamed_k:
+                            key_scores(keys, row + (j - s0) * dk, qs[m], scores, j - a)
                         else:
-                            cached_key_scores(k, (row0 + j) * dk, qs[m], scores, j - a)
+                            cached_key_scores(keys, row + (j - s0) * dk, qs[m], scores, j - a)
                         j += KEYS
                     for j in range(j, s1):
-                        key = k[blocks[t0, block], g, j - block * B]
+                        at = row + (j - s0) * dk
                         s = np.float32(0)
                         for i in range(dk):
-                            s += qs[m, i] * key[i]
+                            s += qs[m, i] * as_float(keys[at + i])
                         scores[j - a] = s
                     s0 = s1
                 n = b - a
@@ -121,20 +131,19 @@ def _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
                 total[m] += added
                 s0 = a
                 while s0 < b:
-                    block = s0 // B
-                    s1 = min(b, (block + 1) * B)
-                    row0 = (np.int64(blocks[t0, block]) * n_kv + g) * B - block * B
+                    s1 = min(b, (s0 // B + 1) * B)
+                    row = _row(v, blocks, t0, g, s0, lo, dv)
                     j = s0
                     while wide and j + KEYS <= s1:
-                        if streamed:
-                            value_sums(v, (row0 + j) * dv, scores, j - a, acc[m])
+                        if streamed_v:
+                            value_sums(values, row + (j - s0) * dv, scores, j - a, acc[m])
                         else:
-                            cached_value_sums(v, (row0 + j) * dv, scores, j - a, acc[m])
+                            cached_value_sums(values, row + (j - s0) * dv, scores, j - a, acc[m])
                         j += KEYS
                     for j in range(j, s1):
-                        p, value = scores[j - a], v[blocks[t0, block], g, j - block * B]
+                        p, at = scores[j - a], row + (j - s0) * dv
                         for i in range(dv):
-                            acc[m, i] += p * value[i]
+                            acc[m, i] += p * as_float(values[at + i])
                     s0 = s1
             j0 = j1
         for m in range(n_q):
@@ -143,10 +152,112 @@ def _attend(q, k, v, blocks, last, items, scale, window, softcap, sinks, out):
                 out[t, h, i] = acc[m, i] / total[m]
 
 
+# ------------------------------------------------------------------ what each cache type reads as
+# The kernel above compiled once per pair of cache arrays' types; these choose, by the type, how a
+# row is found and read. A float cache is read where it lies; a packed one (uint8 rows of 4-bit
+# blocks) is decoded a chunk at a time into scratch, whose row r is the chunk's position lo + r.
+def _packed(cache):
+    """Whether the cache holds packed 4-bit rows."""
+
+
+def _scratch(cache, d):
+    """Room for a chunk of decoded rows of d elements (none for a float cache)."""
+
+
+def _flat(cache, scratch):
+    """The one-dimensional array that rows are read from: the cache, or the scratch it is decoded into."""
+
+
+def _row(cache, blocks, t0, g, j, lo, d):
+    """The flat index in _flat(cache, ...) of the row of position j of KV group g (token t0's table)."""
+
+
+def _decode(cache, levels, blocks, t0, g, lo, hi, d, scratch):
+    """A packed cache's rows of positions [lo, hi) of group g, decoded into scratch rows 0, 1, ...:
+    element i of a block is its f16 scale times levels[nibble], as kv_quant.dequantize has it."""
+
+
+def _is_packed(cache) -> bool:
+    return cache.dtype == types.uint8
+
+
+@overload(_packed, inline="always")
+def _packed_impl(cache):
+    packed = _is_packed(cache)
+    return lambda cache: packed
+
+
+@overload(_scratch, inline="always")
+def _scratch_impl(cache, d):
+    if _is_packed(cache):
+        return lambda cache, d: np.empty(CHUNK * d, np.float32)
+    return lambda cache, d: np.empty(0, np.float32)
+
+
+@overload(_flat, inline="always")
+def _flat_impl(cache, scratch):
+    if _is_packed(cache):
+        return lambda cache, scratch: scratch
+    return lambda cache, scratch: cache.reshape(cache.size)
+
+
+@overload(_row, inline="always")
+def _row_impl(cache, blocks, t0, g, j, lo, d):
+    if _is_packed(cache):
+        return lambda cache, blocks, t0, g, j, lo, d: (j - lo) * d
+    def row(cache, blocks, t0, g, j, lo, d):
+        B = cache.shape[2]
+        return ((np.int64(blocks[t0, j // B]) * cache.shape[1] + g) * B + j % B) * d
+    return row
+
+
+@overload(_decode, inline="always")
+def _decode_impl(cache, levels, blocks, t0, g, lo, hi, d, scratch):
+    if not _is_packed(cache):
+        return lambda cache, levels, blocks, t0, g, lo, hi, d, scratch: None
+
+    def decode(cache, levels, blocks, t0, g, lo, hi, d, scratch):
+        B, half = cache.shape[2], BLOCK // 2
+        linear = levels[0] == np.float32(-8)   # q4_0's n - 8: arithmetic that vectorizes, where a table does not
+        for j in range(lo, hi):
+            packed, o = cache[blocks[t0, j // B], g, j % B], (j - lo) * d
+            for blk in range(d // BLOCK):
+                at, scale, out = blk * BLOCK_BYTES + 2, f16_at(packed, blk * BLOCK_BYTES), o + blk * BLOCK
+                if linear:
+                    for i in range(half):
+                        byte = np.int32(packed[at + i])
+                        scratch[out + i] = scale * np.float32((byte & 15) - 8)
+                        scratch[out + half + i] = scale * np.float32((byte >> 4) - 8)
+                else:
+                    for i in range(half):
+                        byte = packed[at + i]
+                        scratch[out + i] = scale * levels[byte & 15]
+                        scratch[out + half + i] = scale * levels[byte >> 4]
+    return decode
+
+
+def _put(x, row):
+    """Row x (float32) into a cache's row: float32, or float16 as uint16 bit patterns."""
+
+
+@overload(_put, inline="always")
+def _put_impl(x, row):
+    if row.dtype == types.float32:
+        def copy(x, row):
+            row[:] = x
+        return copy
+
+    def narrow(x, row):
+        for i in range(x.shape[0]):
+            row[i] = half_bits(x[i])
+    return narrow
+
+
 @kernel
 def store_rows(k, v, firsts, ats, k_cache, v_cache):
-    """k (T, n_kv, dk) and v (T, n_kv, dv) float32 into the float32 caches at (firsts[t], head, ats[t])."""
+    """k (T, n_kv, dk) and v (T, n_kv, dv) float32 into the float32 or float16 (uint16) caches at
+    (firsts[t], head, ats[t])."""
     for t in range(k.shape[0]):
         for g in range(k.shape[1]):
-            k_cache[firsts[t], g, ats[t], :] = k[t, g]
-            v_cache[firsts[t], g, ats[t], :] = v[t, g]
+            _put(k[t, g], k_cache[firsts[t], g, ats[t]])
+            _put(v[t, g], v_cache[firsts[t], g, ats[t]])

@@ -172,7 +172,7 @@ def _main(spec: str) -> None:
     from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
     s = json.loads(spec)
     backend = NumpyBackend(s["weights"], batched=s["batched"])
-    steps = backend.warm_up_steps({GGMLQuantizationType(t) for t in s["types"]}, s["experts"])
+    steps = backend.warm_up_steps({GGMLQuantizationType(t) for t in s["types"]}, s["experts"], tuple(s["cache_types"]))
 
     def say(line: str) -> None:
         sys.stdout.write(line + "\n")

@@ -11,7 +11,10 @@ which took most of a decode step's attention.
 Both take the cache's arrays whole, with the flat index of the first key (value): the KEYS rows
 follow one another in memory (one block of the cache holds them), a head's row length being a
 multiple of LANES (HEAD_MULTIPLE); the caller takes any other length, and the positions left over
-past the last whole KEYS, one at a time.
+past the last whole KEYS, one at a time. The arrays hold float32, or float16 as their uint16 bit
+patterns (numba has no float16 on the CPU), widened as they are loaded (one vcvtph2ps a vector):
+an f16 cache is read at half the bytes, with no float32 copy; as_float and half_bits do the same
+for one element.
 """
 
 from contextlib import contextmanager
@@ -21,11 +24,36 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from llogos_cli.backends.cpu.cpu_simd import F32, I32, I64, broadcast, const, load, vec
+from llogos_cli.backends.cpu.cpu_simd import F32, I16, I32, I64, broadcast, const, load, vec
 
 LANES = 16           # float32 lanes of one vector (AVX-512)
 KEYS = 16            # positions one call takes
 HEAD_MULTIPLE = LANES
+_HALF = ir.HalfType()
+
+
+def _floats(context, builder, array_t, array, offset):
+    """LANES elements of a float32 or float16 (uint16) array from index `offset`, as float32."""
+    if array_t.dtype == types.float32:
+        return load(context, builder, array_t, array, offset, F32, LANES)
+    bits = load(context, builder, array_t, array, offset, I16, LANES)
+    return builder.fpext(builder.bitcast(bits, vec(_HALF, LANES)), vec(F32, LANES))
+
+
+@intrinsic
+def as_float(typingctx, x):
+    """A float32, or the float16 whose bit pattern is the uint16 x, as float32."""
+    if x == types.float32:
+        return types.float32(x), lambda context, builder, sig, args: args[0]
+    if x == types.uint16:
+        return types.float32(x), lambda context, builder, sig, args: builder.fpext(builder.bitcast(args[0], _HALF), F32)
+
+
+@intrinsic
+def half_bits(typingctx, x):
+    """The bit pattern of float32 x rounded to float16 (to nearest, ties to even, as NumPy rounds)."""
+    if x == types.float32:
+        return types.uint16(x), lambda context, builder, sig, args: builder.bitcast(builder.fptrunc(args[0], _HALF), I16)
 
 
 def _store(context, builder, array_t, array, offset, value):
@@ -37,10 +65,12 @@ def _prefetch_next(context, builder, array_t, array, first, d):
     """Ask for the next KEYS rows after those at `first` (float index; rows of d floats): the memory
     the next call reads. (This host's hardware prefetchers do not follow the rows.)"""
     data = builder.bitcast(context.make_array(array_t)(context, builder, array).data, ir.IntType(8).as_pointer())
-    start = builder.mul(builder.add(first, builder.mul(d, ir.Constant(I64, KEYS))), ir.Constant(I64, 4))
+    size = ir.Constant(I64, array_t.dtype.bitwidth // 8)
+    start = builder.mul(builder.add(first, builder.mul(d, ir.Constant(I64, KEYS))), size)
     prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [data.type, I32, I32, I32]),
                                               "llvm.prefetch.p0i8")
-    with cgutils.for_range(builder, builder.udiv(builder.mul(d, ir.Constant(I64, 4 * KEYS)), ir.Constant(I64, 64))) as loop:
+    with cgutils.for_range(builder, builder.udiv(builder.mul(builder.mul(d, size), ir.Constant(I64, KEYS)),
+                                                 ir.Constant(I64, 64))) as loop:
         ptr = builder.gep(data, [builder.add(start, builder.mul(loop.index, ir.Constant(I64, 64)))])
         builder.call(prefetch, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
@@ -76,7 +106,7 @@ def _chunks(context, builder, array_t, array, first, d, prefetch):
     with cgutils.for_range(builder, builder.udiv(d, ir.Constant(I64, LANES))) as loop:
         c = builder.mul(loop.index, ir.Constant(I64, LANES))
         row = builder.add(first, c)
-        yield c, [load(context, builder, array_t, array, builder.add(row, builder.mul(d, ir.Constant(I64, m))), F32, LANES)
+        yield c, [_floats(context, builder, array_t, array, builder.add(row, builder.mul(d, ir.Constant(I64, m))))
                   for m in range(KEYS)]
 
 
@@ -114,9 +144,9 @@ def _value_sums(prefetch: bool):
 
 
 def _intrinsic(name: str, codegen_for, prefetch: bool, doc: str):
-    """An intrinsic (array, first, vector, vector, j) over an array in C order."""
+    """An intrinsic (array, first, vector, vector, j) over a float32 or float16 (uint16) array in C order."""
     def typer(typingctx, array, first, a, b, c):
-        if getattr(array, "layout", None) == "C":
+        if getattr(array, "layout", None) == "C" and array.dtype in (types.float32, types.uint16):
             return types.none(array, first, a, b, c), codegen_for(prefetch)
     typer.__name__ = typer.__qualname__ = name
     typer.__doc__ = doc

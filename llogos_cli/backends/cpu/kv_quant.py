@@ -13,6 +13,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 PACKED_TYPES = ("q4_0", "iq4_nl")
 BLOCK, BLOCK_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_0]   # IQ4_NL's are the same: 32 elements in 18 bytes
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+# What nibble n means, times its block's scale: the table the compiled attention decodes with.
+LEVELS = {"q4_0": np.arange(-8, 8, dtype=np.float32), "iq4_nl": IQ4_NL_VALUES}
 # ggml's GROUP_MAX_EPS: an iq4_nl block whose largest magnitude is below it is stored as zeros.
 _IQ4_NL_EPS = np.float32(1e-15)
 
@@ -47,13 +49,11 @@ def _iq4_nl(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inv = np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, np.float32(1), d))
     q = _nearest_iq4(blocks * inv)
     # The scale that best fits the chosen levels, each element weighted by its square; summed in
-    # element order as the reference's loop (and kv_cache.cuh's) does, so the f16 scales agree.
+    # element order as the reference's loop (and kv_cache.cuh's) does, so the f16 scales agree:
+    # add.accumulate adds one element at a time, where sum() would add in pairs.
     wq = blocks * blocks * IQ4_NL_VALUES[q]
-    sum_qx = np.zeros(d.shape, np.float32)
-    sum_q2 = np.zeros(d.shape, np.float32)
-    for j in range(BLOCK):
-        sum_qx += (wq[..., j] * blocks[..., j])[..., None]
-        sum_q2 += (wq[..., j] * IQ4_NL_VALUES[q[..., j]])[..., None]
+    sum_qx = np.add.accumulate(wq * blocks, axis=-1)[..., -1:]
+    sum_q2 = np.add.accumulate(wq * IQ4_NL_VALUES[q], axis=-1)[..., -1:]
     fitted = np.where(sum_q2 > 0, sum_qx / np.where(sum_q2 > 0, sum_q2, np.float32(1)), np.float32(0))
     tiny = np.abs(top) < _IQ4_NL_EPS
     return np.where(tiny, np.float32(0), fitted), np.where(tiny, np.uint8(0), q)
@@ -74,5 +74,4 @@ def dequantize(raw: np.ndarray, cache_type: str) -> np.ndarray:
     blocks = raw.reshape(*raw.shape[:-1], -1, BLOCK_BYTES)                      # (..., nb, 18)
     d = np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(np.float32)   # (..., nb, 1)
     nibbles = np.concatenate([blocks[..., 2:] & 0xF, blocks[..., 2:] >> 4], axis=-1)   # (..., nb, 32)
-    levels = nibbles.astype(np.float32) - 8 if cache_type == "q4_0" else IQ4_NL_VALUES[nibbles]
-    return (d * levels).reshape(*raw.shape[:-1], -1)
+    return (d * LEVELS[cache_type][nibbles]).reshape(*raw.shape[:-1], -1)

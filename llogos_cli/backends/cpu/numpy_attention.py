@@ -3,8 +3,8 @@
 A layer's cache holds (n_slots, n_kv, n_ctx, head_dim) keys and values, or, paged, a pool of
 (n_blocks, n_kv, block_size, head_dim) that slots reach through block tables (position p of a slot
 is offset p % block_size of block tables[slot, p // block_size]). A batch is a list of runs (see
-backends/__init__.py). Where numba is loaded and the cache is float32, cpu_attention's loop attends
-every token, prompt runs of a tile or more a tile of positions at a time. Otherwise, in NumPy:
+backends/__init__.py). Where numba is loaded, cpu_attention's loop attends every token, prompt runs
+of a tile or more a tile of positions at a time, reading any cache type where it lies. Otherwise, in NumPy:
 decode rows (runs of one token) are attended all at once, each query against its own slot's first
 pos + 1 keys, the rest masked (softmax with per-row lengths); longer runs (prompt chunks) attend
 causally within their slot, a run at a time. A paged cache's keys are gathered block by block into the same (rows, n_kv,
@@ -21,6 +21,7 @@ from llogos_cli.backends.cpu import kv_quant
 from llogos_cli.errors import LlogosError
 
 _NO_SINKS = np.empty(0, np.float32)
+_NO_LEVELS = np.empty(0, np.float32)   # of a float cache
 _ONE_ROW = np.zeros(1, np.intp)
 _ONE_ROW.flags.writeable = False
 
@@ -52,12 +53,13 @@ class Layout:
             self.memo["ends"] = ends
         return self.memo["ends"]
 
-    def items(self, tile: int, n_head: int, n_kv: int) -> np.ndarray:
+    def items(self, tile: int, n_head: int, n_kv: int, grouped: bool = False) -> np.ndarray:
         """The compiled attention's work items, (first token, end token, first head, end head):
         each `tile` consecutive tokens of a run at least that long with one KV group's heads (the
         last of a run's tiles may be shorter), and each other token with one head, which gives the
-        threads H items a decode row. (n_items, 4) int64."""
-        key = ("items", tile, n_head, n_kv)
+        threads H items a decode row; grouped, with its KV group's heads, so that a packed cache's
+        rows are decoded once for all of them. (n_items, 4) int64."""
+        key = ("items", tile, n_head, n_kv, grouped)
         if key not in self.memo:
             group = n_head // n_kv
             tiles = [(a, min(a + tile, t1), g * group, (g + 1) * group)
@@ -65,9 +67,11 @@ class Layout:
             alone = np.ones(len(self.slots), bool)
             for _, t0, t1 in self.runs:
                 alone[t0:t1] = t1 - t0 < tile
-            t, h = np.repeat(np.flatnonzero(alone), n_head), np.tile(np.arange(n_head), int(alone.sum()))
+            heads = group if grouped else 1
+            t = np.repeat(np.flatnonzero(alone), n_head // heads)
+            h = np.tile(np.arange(0, n_head, heads), int(alone.sum()))
             self.memo[key] = np.concatenate([np.array(tiles, np.int64).reshape(-1, 4),
-                                             np.stack([t, t + 1, h, h + 1], axis=1).astype(np.int64)])
+                                             np.stack([t, t + 1, h, h + heads], axis=1).astype(np.int64)])
         return self.memo[key]
 
     def blocks(self, cache: "KVCache") -> np.ndarray:
@@ -150,6 +154,15 @@ def _floats(x: np.ndarray, cache_type: str) -> np.ndarray:
     return x.astype(np.float32, copy=False)
 
 
+def _compiled_view(x: np.ndarray) -> np.ndarray:
+    """A cache array as cpu_attention takes it: float16 as its bit patterns (numba has no float16)."""
+    return x.view(np.uint16) if x.dtype == np.float16 else x
+
+
+def _levels(cache_type: str) -> np.ndarray:
+    return kv_quant.LEVELS.get(cache_type, _NO_LEVELS)
+
+
 def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     """Zeros in anonymous memory of ordinary pages, which the kernel provides as they are first
     written: slots and long contexts cost memory only as they fill. (np.zeros would ask for huge
@@ -199,9 +212,9 @@ class AttentionOps:
 
     def kv_store(self, cache: KVCache, k: np.ndarray, v: np.ndarray, layout: Layout) -> None:
         first, at = layout.located(cache)
-        if self.compiled_attention is not None and cache.type_k == "f32" == cache.type_v:
+        if self.compiled_attention is not None and {cache.type_k, cache.type_v} <= {"f32", "f16"}:
             self.compiled_store(np.ascontiguousarray(k, np.float32), np.ascontiguousarray(v, np.float32),
-                                first, at, cache.k, cache.v)
+                                first, at, _compiled_view(cache.k), _compiled_view(cache.v))
             return
         cache.k[first, :, at] = _cache_round(k, cache.type_k)   # (T, n_kv, dk)
         cache.v[first, :, at] = _cache_round(v, cache.type_v)   # (T, n_kv, dv)
@@ -213,12 +226,16 @@ class AttentionOps:
         softcap * tanh(s / softcap) before the softmax; sinks (H,) are a logit per head that joins
         each softmax's denominator (gpt-oss)."""
         out = np.empty((q.shape[0], q.shape[1], cache.dv), np.float32)
-        if self.compiled_attention is not None and cache.k.dtype == np.float32 == cache.v.dtype:
+        if self.compiled_attention is not None:
             # A prompt's keys are stored before it attends them, so each of its tokens attends its
             # slot's keys up to its own position as a decode row does.
-            self.compiled_attention(np.ascontiguousarray(q, np.float32), cache.k, cache.v, layout.blocks(cache),
+            self.compiled_attention(np.ascontiguousarray(q, np.float32), _compiled_view(cache.k),
+                                    _compiled_view(cache.v), _levels(cache.type_k), _levels(cache.type_v),
+                                    layout.blocks(cache),
                                     layout.pos if causal else layout.ends(),
-                                    layout.items(self.compiled_tile, q.shape[1], cache.k.shape[1]), scale, window,
+                                    layout.items(self.compiled_tile, q.shape[1], cache.k.shape[1],
+                                                 bool({cache.type_k, cache.type_v} & set(kv_quant.PACKED_TYPES))),
+                                    scale, window,
                                     softcap, _NO_SINKS if sinks is None else sinks, out)
             return out
         if len(layout.rows):

@@ -141,27 +141,29 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         from llogos_cli.backends.cpu.cpu_quant import ISA_NAMES
         return ISA_NAMES[self.quant_matmul.isa]
 
-    def warm_up(self, product_types: set, experts: bool = False, progress=None) -> float:
+    def warm_up(self, product_types: set, experts: bool = False, progress=None, cache_types: tuple = ()) -> float:
         """Compile the kernels this backend will call on matrices of these block types (and, with
-        experts, a mixture of experts' decode steps on them; numba caches them: on a machine's
+        experts, a mixture of experts' decode steps on them; with cache_types (type_k, type_v), the
+        attention over such a KV cache besides float32's; numba caches them: on a machine's
         first run this takes seconds, later runs only load them), so no prompt's time includes it.
         Called before the weights are loaded, so that LLVM's pages are handed back before the
         weights take memory. Child processes compile them first (cpu_compile), and this one loads
         them; progress(CompileProgress) hears of each step that compiles. Returns the seconds
         spent compiling."""
-        steps = self.warm_up_steps(product_types, experts)
+        steps = self.warm_up_steps(product_types, experts, cache_types)
         if not steps:
             return 0.0
         from llogos_cli.backends.cpu import cpu_compile
         spent = cpu_compile.compile_in_children(
             {"weights": self.weights, "batched": self._rows is not None, "experts": experts,
-             "types": sorted(int(t) for t in product_types)}, [name for name, _ in steps], progress)
+             "types": sorted(int(t) for t in product_types), "cache_types": list(cache_types)},
+            [name for name, _ in steps], progress)
         spent += cpu_compile.run_steps(steps, progress)
         from llogos_cli.backends.cpu.cpu_jit import release_compiler_pages
         release_compiler_pages()
         return spent
 
-    def warm_up_steps(self, product_types: set, experts: bool = False) -> list:
+    def warm_up_steps(self, product_types: set, experts: bool = False, cache_types: tuple = ()) -> list:
         """(name, call) for each part of warm_up, the heaviest first. No two parts call one kernel
         (each its own modules'), so that processes may compile them at once: numba's cache index
         of a kernel is not safe to write from two."""
@@ -180,14 +182,19 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         if blocks:
             steps.append(("block products", lambda: [call() for call in blocks]))
         if self._jit:
-            steps += [("attention", self._warm_up_attention), ("norm, GLU and RoPE", self._warm_up_small_steps)]
+            steps += [("attention", lambda: self._warm_up_attention(cache_types)),
+                      ("norm, GLU and RoPE", self._warm_up_small_steps)]
         return steps
 
-    def _warm_up_attention(self) -> None:
-        x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)
-        cache, layout = self.kv_cache(1, 1, 1, 4, 4, "f32", "f32"), self.batch_layout(one, one)
-        self.kv_store(cache, x, x, layout)
-        self.attention(x, cache, layout, 1.0, 0)
+    def _warm_up_attention(self, cache_types: tuple = ()) -> None:
+        """float32 caches' attention, and that of the run's own types: the loop compiles once for
+        each pair of the caches' element types (float32, float16's bits, packed bytes)."""
+        x, one = np.ones((1, 1, 32), np.float32), np.zeros(1, np.int32)   # heads of 32: the 4-bit types' block
+        layout = self.batch_layout(one, one)
+        for type_k, type_v in dict.fromkeys([("f32", "f32"), *([tuple(cache_types)] if cache_types else [])]):
+            cache = self.kv_cache(1, 1, 1, 32, 32, type_k, type_v)
+            self.kv_store(cache, x, x, layout)
+            self.attention(x, cache, layout, 1.0, 0)
 
     def _warm_up_small_steps(self) -> None:
         x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)

@@ -103,7 +103,7 @@ class CudaBackend:
         self._joined[tuple(map(id, ms))] = (joined, firsts, ms)
         return ms
 
-    def warm_up(self, product_types: set, experts: bool = False, progress=None) -> float:
+    def warm_up(self, product_types: set, experts: bool = False, progress=None, cache_types: tuple = ()) -> float:
         """Kernels compile (NVRTC, cached) as each op is first launched: nothing to do ahead."""
         return 0.0
 
