@@ -193,3 +193,22 @@ def test_lookup_create_writes_the_2_gram_counts_of_the_tokenized_corpus(env, ggu
     assert load(str(out)) == count(open_tokenizer(gguf).encode(text), (2,))
     assert_one_line_error(llogos(env, "lookup-create", "-m", gguf, "-f", str(tmp_path / "none.txt"), "-lcs", str(out)),
                           "none.txt")
+
+
+def test_rows_ending_beside_others_are_counted_and_the_file_written_once_when_none_is_left(tmp_path, monkeypatch):
+    import llogos_cli.engine.ngram_cache as ngram_cache
+    writes = []
+    monkeypatch.setattr(ngram_cache, "save", lambda cache, path: writes.append(path) or save(cache, path))
+    m, tok = load_model("tiny-llama")
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(3, m.cfg.n_vocab, PROMPT_LEN).tolist() for _ in range(3)]
+    path = str(tmp_path / "dynamic.bin")
+    engine = BatchEngine(m, tok, 3, 256, prefix_cache_bytes=0,
+                         speculation=SpecParams("ngram-cache", lookup_cache_dynamic=path))
+    requests = [Request(i, p, SamplingParams(temp=0.0), StopCriteria(20, ignore_eos=True)) for i, p in enumerate(prompts)]
+    results = {r.id: r for r in engine.generate(requests)}
+    assert writes == [path]
+    want = {}
+    for i, p in enumerate(prompts):
+        count(p + results[i].tokens, into=want)
+    assert load(path) == want

@@ -314,7 +314,7 @@ class BatchEngine:
         """The row ends: its slot freed, and the speculator told (ngram-cache's -lcd file takes its n-grams)."""
         self.scheduler.finish(row, keep)
         if self.speculator is not None:
-            self.speculator.finished(row)
+            self.speculator.finished(row, not self.scheduler.running and not self.scheduler.waiting)
 
     def _keep_blocks(self, work) -> None:
         """Name each row's newly filled blocks for the prefix cache, while its row still holds them."""

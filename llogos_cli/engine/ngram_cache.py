@@ -16,9 +16,11 @@ hash map's order; here they are sorted, so that the same counts make the same by
 names an n-gram or a token twice, the first is kept, as llama.cpp's load keeps it.
 
 The dynamic cache is read at the start (no file: an empty one), and each row that ends adds its
-prompt's and output's n-grams to the counts written back; it drafts with what was read, as llama.cpp's lookup
-adds its context only at the end of a run. The file is written as each row ends, so a server that
-stops (or is stopped) leaves it holding every request finished by then.
+prompt's and output's n-grams to the counts written back; it drafts with what was read, as
+llama.cpp's lookup adds its context only at the end of a run. The file is written when a row ends
+and no other row runs or waits, so a batch writes it at its end, and a server each time it falls
+idle: one stopped leaves it holding every request finished by then (those cut short are counted as
+far as they got).
 
 llama.cpp indexes only the tokens new since a row's last draft, so the n-grams across that boundary
 go uncounted; here every n-gram is.
@@ -202,11 +204,15 @@ class NgramCache(Speculator):
             tail = tail[1:] + [token]
         return draft
 
-    def finished(self, row) -> None:
-        """A row ended: its n-grams join the dynamic cache's file (-lcd), if one was given."""
+    def finished(self, row, last: bool) -> None:
+        """A row ended: its n-grams join the dynamic cache's file (-lcd), if one was given. The file
+        is rewritten whole, so only when no other row runs or waits (the end of a batch, a server
+        with nothing to do): a row ending beside others would stall their step for it."""
         if self.updated is None:
             return
         count(list(row.request.prompt) + row.completion.generated, into=self.updated)
+        if not last:
+            return
         try:
             save(self.updated, self.params.lookup_cache_dynamic)
         except OSError as e:

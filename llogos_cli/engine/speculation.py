@@ -169,8 +169,8 @@ class Speculator:
         """What the row's step kept of its draft."""
         row.drafting.kept(n_drafted, n_accepted)
 
-    def finished(self, row) -> None:
-        """The row ended (its last token chosen, or cancelled)."""
+    def finished(self, row, last: bool) -> None:
+        """The row ended (its last token chosen, or cancelled); last: no other row runs or waits."""
 
     def forget(self, row) -> None:
         """The row's tokens changed other than by growing (a context shift): what was recorded of
