@@ -13,7 +13,7 @@ from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.speculation import Drafting, SpecParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.errors import LlogosError
-from tests.conftest import FIXTURES, need
+from tests.conftest import FIXTURES, lazy_import, need
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 from tests.test_speculation import load as load_model
 
@@ -212,3 +212,29 @@ def test_rows_ending_beside_others_are_counted_and_the_file_written_once_when_no
     for i, p in enumerate(prompts):
         count(p + results[i].tokens, into=want)
     assert load(path) == want
+
+
+def test_serve_refuses_a_lookup_cache_for_several_models(env, gguf, tmp_path):
+    other = str(need(FIXTURES / "tiny-qwen2-f32.gguf"))
+    r = llogos(env, "serve", "-m", gguf, "-m", other, "--port", "0", "--spec-type", "ngram-cache",
+               "-lcd", str(tmp_path / "d.bin"))
+    assert_one_line_error(r, "router mode")
+    assert not (tmp_path / "d.bin").exists()
+
+
+def test_serve_writes_the_dynamic_file_with_each_finished_request(env, gguf, tmp_path):
+    lazy_import("fastapi")
+    from tests.test_server import Server
+    path = tmp_path / "d.bin"
+    server = Server(env, tmp_path / "log", "-m", gguf, "--spec-type", "ngram-cache", "-lcd", str(path))
+    try:
+        r = server.post("/v1/completions", {"prompt": "one two three one two three one two", "max_tokens": 12,
+                                             "temperature": 0})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+    finally:
+        server.stop()
+    n = usage["prompt_tokens"] + usage["completion_tokens"]
+    counts = load(str(path))
+    # every n-gram of 1 to 4 tokens of the request's prompt and output, each followed once
+    assert sum(sum(c.values()) for c in counts.values()) == sum(n - size for size in (1, 2, 3, 4))
