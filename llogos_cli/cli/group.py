@@ -13,7 +13,8 @@ from llogos_cli.cli.llama_flags import LlamaCommand
 # The module of llogos_cli.cli that registers each command. A command's module is imported only when
 # the command runs: `generate` then starts without the server's and batch's imports (pydantic and more).
 COMMAND_MODULES = {"generate": "generate", "chat": "chat", "batch": "batch", "embed": "embed", "serve": "serve",
-                   "models": "tools", "pull": "tools", "info": "tools", "tokenize": "tools", "perplexity": "tools"}
+                   "models": "tools", "pull": "tools", "info": "tools", "tokenize": "tools", "perplexity": "tools",
+                   "lookup-create": "lookup"}
 
 
 class _Group(click.Group):

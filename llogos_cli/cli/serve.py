@@ -114,6 +114,9 @@ def serve(model: LoadOptions, sampling: SamplingOverrides, speculation: SpecPara
 
     keys = api_keys(api_key, api_key_file)
     routed = sources(model_names, models_dir) if len(model_names) > 1 or models_dir else None
+    if routed and (speculation.lookup_cache_static or speculation.lookup_cache_dynamic):
+        raise LlogosError("a lookup cache file (-lcs/-lcd) holds one model's token ids: "
+                          "not with several models (router mode)")
     if routed:
         for source in routed.values():
             resolve_model(source)   # a name or path that is not there fails now, not on its first request

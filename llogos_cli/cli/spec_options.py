@@ -43,6 +43,12 @@ _SPECULATION = [
                  help="Draft with this smaller model of the same vocabulary."),
     click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=float, default=_DEFAULTS.draft_p_min, show_default=True,
                  help="The draft model stops drafting when its best token is less likely than this."),
+    click.option("-lcs", "--lookup-cache-static", "lookup_cache_static", metavar="FILE",
+                 help="ngram-cache: also draft from this file of 2-gram counts over a corpus (llama.cpp's "
+                      "llama-lookup-create writes it; llogos lookup-create too). Read only."),
+    click.option("-lcd", "--lookup-cache-dynamic", "lookup_cache_dynamic", metavar="FILE",
+                 help="ngram-cache: also draft from this file of 1-4-gram counts from earlier runs (llama.cpp's "
+                      "layout), read if it exists; the n-grams of each finished request are written back to it."),
 ]
 
 speculation_options = _grouped(_SPECULATION, SpecParams, "speculation")

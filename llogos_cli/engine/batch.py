@@ -234,7 +234,7 @@ class BatchEngine:
                 return row.result(now, "cancelled")
         for row in self.scheduler.running:
             if row.request.id == request_id:
-                self.scheduler.finish(row, keep)
+                self._finish(row, keep)
                 self._release_forks(row)
                 return row.result(now, "cancelled")
         return None
@@ -269,7 +269,7 @@ class BatchEngine:
         for row in [row for row in self.scheduler.running if len(row.tokens) > self.n_ctx]:
             if not self.shift.make_room(row):
                 row.completion.fill_context()
-                self.scheduler.finish(row)
+                self._finish(row)
                 updates.append(Update(row.request.id, None, row.result(time.perf_counter())))
             elif self.speculator is not None:
                 self.speculator.forget(row)
@@ -306,9 +306,15 @@ class BatchEngine:
         if draft:
             self.speculator.kept(row, len(draft), n_kept)
         if row.completion.stop is not None:
-            self.scheduler.finish(row)
+            self._finish(row)
             updates.append(Update(row.request.id, ended, row.result(now)))
         return updates
+
+    def _finish(self, row: Row, keep: bool = True) -> None:
+        """The row ends: its slot freed, and the speculator told (ngram-cache's -lcd file takes its n-grams)."""
+        self.scheduler.finish(row, keep)
+        if self.speculator is not None:
+            self.speculator.finished(row, not self.scheduler.running and not self.scheduler.waiting)
 
     def _keep_blocks(self, work) -> None:
         """Name each row's newly filled blocks for the prefix cache, while its row still holds them."""

@@ -26,6 +26,7 @@ kinds keep each row's n-grams in an index that grows with the row (engine/ngram_
 lookup does not rescan the context, and a row backing off looks nothing up.
 """
 
+import os
 from dataclasses import dataclass
 
 from llogos_cli.engine.ngram_index import NgramIndex
@@ -60,6 +61,8 @@ class SpecParams:
     draft_min: int = 0                   # a shorter draft is not tried
     spec_draft_model: str | None = None  # a draft model's -m value: drafts with it instead (engine/draft_model.py)
     draft_p_min: float = 0.75            # a draft model stops drafting below this probability of its best token
+    lookup_cache_static: str | None = None   # ngram-cache: llama.cpp's -lcs file, read only (engine/ngram_cache.py)
+    lookup_cache_dynamic: str | None = None  # ngram-cache: llama.cpp's -lcd file, read if there, written as rows end
 
     def __post_init__(self):
         checks = [
@@ -79,6 +82,13 @@ class SpecParams:
             (self.spec_type == "none" or self.spec_draft_model is None,
              "give either --spec-type or a draft model (-md), not both"),
         ]
+        for flag, path in (("--lookup-cache-static", self.lookup_cache_static),
+                           ("--lookup-cache-dynamic", self.lookup_cache_dynamic)):
+            if path is not None:
+                checks.append((self.spec_type == "ngram-cache", f"{flag} needs --spec-type ngram-cache"))
+        if self.lookup_cache_static is not None:
+            checks.append((os.path.isfile(self.lookup_cache_static),
+                           f"lookup cache {self.lookup_cache_static}: no such file"))
         for ok, message in checks:
             if not ok:
                 raise LlogosError(message)
@@ -158,6 +168,9 @@ class Speculator:
     def kept(self, row, n_drafted: int, n_accepted: int) -> None:
         """What the row's step kept of its draft."""
         row.drafting.kept(n_drafted, n_accepted)
+
+    def finished(self, row, last: bool) -> None:
+        """The row ended (its last token chosen, or cancelled); last: no other row runs or waits."""
 
     def forget(self, row) -> None:
         """The row's tokens changed other than by growing (a context shift): what was recorded of
