@@ -283,6 +283,14 @@ _BIAS_SHIFT = {"q3_k": 2, "q6_k": 5}
 K_SIGNED = ("iq4_xs",)
 
 
+# K types whose odd groups' quants are their bytes' high nibbles (Q4_K): on the VNNI sets, the
+# nibble is multiplied where it lies, as 16 u (at most 240, unsigned, as `vpdpbusd` takes it), and
+# the group's int32 sum (at most 8 · 4 · 240 · 127 in magnitude) shifted right by 4 after: one
+# shift a group instead of one a vector. AVX2's `vpmaddubsw` would saturate on 2 · 240 · 127.
+HIGH_IN_PLACE = ("q4_k",)
+HIGH_IN_PLACE_ISAS = ("vnni", "avxvnni")
+
+
 # The largest quant u of each unsigned type (MXFP4's looked up in MXFP4_U), which bounds the int16
 # pair-sums of AVX2's `vpmaddubsw` (2 · u · 127, the activations' |xq| <= 127): INT16_WORDS[name]
 # words' of them add up in int16 before one `vpmaddwd` widens them, instead of one each.
@@ -366,6 +374,8 @@ def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g, isa: str) ->
     if name == "q2_k":
         return two_bits(quants_at)
     nibbles = [load(context, builder, rows_t, rows, at(builder, base(512), quants_at + 64 * n), I8, 64) for n in range(8)]
+    if name in HIGH_IN_PLACE and isa in HIGH_IN_PLACE_ISAS:   # 16 u as it lies: the caller shifts the sum
+        return [[builder.and_(v, low) for v in nibbles], [builder.and_(v, const(I8, 64, 0xF0 - 256)) for v in nibbles]]
     groups = [[builder.and_(v, low) for v in nibbles],
               [builder.and_(builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)), low)
                for v in nibbles]]
@@ -459,6 +469,8 @@ def k_tile_dot8(name: str, n_tok: int):
                                     totals[k] = builder.add(totals[k], builder.mul(isums[h], scales[h]))
                             else:
                                 isum = isums[0]
+                                if kk == 1 and name in HIGH_IN_PLACE and chosen in HIGH_IN_PLACE_ISAS:   # Σ 16 u · x, exactly
+                                    isum = builder.ashr(isum, const(I32, TILE, 4))
                                 if signed and chosen == "vnni":   # less 128 Σ xq over the group's 32
                                     s = load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
                                                                                      builder.mul(j, ir.Constant(I64, 2))), I32, 2)
