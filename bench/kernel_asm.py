@@ -51,11 +51,10 @@ def per_tile_block(asm: str, k_type: bool) -> tuple[int, dict]:
             loops.append((labels[jump.group(1)], i + 1))
     inner = min((lp for lp in loops if any(re.match(r"vpmaddubsw|vpdpbusd", x) for x in code[slice(*lp)])),
                 key=lambda lp: lp[1] - lp[0])
-    trips = {inner: GROUP_PAIRS if k_type else 1}
-    if k_type:
-        outer = min((lp for lp in loops if lp != inner and lp[0] <= inner[0] and inner[1] <= lp[1]),
-                    key=lambda lp: lp[1] - lp[0])
-        trips[outer] = 1
+    outers = [lp for lp in loops if lp != inner and lp[0] <= inner[0] and inner[1] <= lp[1]]
+    trips = {inner: GROUP_PAIRS if k_type and outers else 1}   # LLVM may unroll the groups' loop whole
+    if k_type and outers:
+        trips[min(outers, key=lambda lp: lp[1] - lp[0])] = 1
     total, counts = 0, dict.fromkeys(COUNTED, 0)
     for i, line in enumerate(code):
         n = max((t for lp, t in trips.items() if lp[0] <= i < lp[1]), default=0)

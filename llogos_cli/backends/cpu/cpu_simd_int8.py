@@ -125,6 +125,14 @@ IQ4_NL_Q = [int(v) for v in IQ4_NL_VALUES]      # signed, -127..113: a nibble's 
 # Types whose quants are signed bytes (IQ4_NL's looked up in its 16 levels, -127..113), multiplied
 # as Q8_0's are: VNNI takes q + 128 and 128 Σ xq off again, AVX2 |q| times xq with q's sign.
 SIGNED = ("q8_0", "iq4_nl")
+# Types whose quants are half their bytes' high nibbles (Q4_0's and Q4_1's quants 16..31, Q4_K's
+# odd groups): on the VNNI sets the nibble is multiplied where it lies, as 16 u (at most 240,
+# unsigned, as `vpdpbusd` takes it), and its words' int32 sum (at most 8 · 4 · 240 · 127 in
+# magnitude) shifted right by 4 after, exactly: one shift a block or group instead of one a
+# vector. AVX2's `vpmaddubsw` would saturate on 2 · 240 · 127. The plain types' only with VNNI's
+# 512 bits: on AVX-VNNI's two halves, the second sum's shift and add cost what the shifts saved.
+# name: the sets that do it.
+HIGH_IN_PLACE = {"q4_0": ("vnni",), "q4_1": ("vnni",), "q4_k": ("vnni", "avxvnni")}
 
 
 def _tile_halves(context, builder, rows_t, rows, o):
@@ -162,6 +170,8 @@ def _tile_quants(context, builder, rows_t, rows, o, name: str, isa: str) -> list
         return [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * n), I8, 64) for n in range(8)]
     low = const(I8, 64, 15)
     packed = [load(context, builder, rows_t, rows, at(builder, o, quants_at + 64 * n), I8, 64) for n in range(4)]
+    if isa in HIGH_IN_PLACE.get(name, ()):   # 16 u as it lies: _tile_isum shifts the sum
+        return [builder.and_(v, low) for v in packed] + [builder.and_(v, const(I8, 64, 0xF0 - 256)) for v in packed]
     high = [builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)) for v in packed]
     quants = [builder.and_(v, low) for v in packed + high]
     if name == "mxfp4":
@@ -182,8 +192,13 @@ def _tile_isum(builder, isa: str, name: str, quants: list, words, total):
     _rows_sums over the eight words; with VNNI, Q8_0's signed quants taken as q + 128 there, 128 Σ xq
     comes off again. The exact integer on every set."""
     signed = name in SIGNED
-    isum = _rows_sums(builder, isa, quants, lambda g: builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [g])),
-                      [range(8)], signed, name)[0]
+
+    def word(g):
+        return builder.shuffle_vector(words, words, ir.Constant(vec(I32, 1), [g]))
+    if isa in HIGH_IN_PLACE.get(name, ()):   # words 4-7 times 16 u: their sum shifted apart
+        low, high = _rows_sums(builder, isa, quants, word, [range(4), range(4, 8)], signed, name)
+        return builder.add(low, builder.ashr(high, const(I32, TILE, 4)))
+    isum = _rows_sums(builder, isa, quants, word, [range(8)], signed, name)[0]
     if isa == "vnni" and signed:
         isum = builder.sub(isum, builder.shl(builder.shuffle_vector(total, total, ir.Constant(vec(I32, TILE), [0] * TILE)),
                                              const(I32, TILE, 7)))
@@ -366,6 +381,8 @@ def _k_tile_groups(context, builder, rows_t, rows, o, name: str, g, isa: str) ->
     if name == "q2_k":
         return two_bits(quants_at)
     nibbles = [load(context, builder, rows_t, rows, at(builder, base(512), quants_at + 64 * n), I8, 64) for n in range(8)]
+    if isa in HIGH_IN_PLACE.get(name, ()):   # 16 u as it lies: the caller shifts the sum
+        return [[builder.and_(v, low) for v in nibbles], [builder.and_(v, const(I8, 64, 0xF0 - 256)) for v in nibbles]]
     groups = [[builder.and_(v, low) for v in nibbles],
               [builder.and_(builder.bitcast(builder.lshr(builder.bitcast(v, vec(I16, 32)), const(I16, 32, 4)), vec(I8, 64)), low)
                for v in nibbles]]
@@ -459,6 +476,8 @@ def k_tile_dot8(name: str, n_tok: int):
                                     totals[k] = builder.add(totals[k], builder.mul(isums[h], scales[h]))
                             else:
                                 isum = isums[0]
+                                if kk == 1 and chosen in HIGH_IN_PLACE.get(name, ()):   # Σ 16 u · x, exactly
+                                    isum = builder.ashr(isum, const(I32, TILE, 4))
                                 if signed and chosen == "vnni":   # less 128 Σ xq over the group's 32
                                     s = load(context, builder, xs_t, xs, builder.add(builder.mul(block, ir.Constant(I64, 16)),
                                                                                      builder.mul(j, ir.Constant(I64, 2))), I32, 2)
