@@ -332,3 +332,29 @@ def test_reasoning_streams_as_a_thinking_block_before_the_text():
         [("thinking", "Weigh it."), ("text", "Paris.")]
     assert sent[-2][1]["usage"] == {"input_tokens": 7, "output_tokens": 5, "cache_read_input_tokens": 0,
                                     "cache_creation_input_tokens": 0}
+
+
+def test_content_sent_back_as_the_sdk_returns_it(smol):
+    """langchain-anthropic, litellm and Claude Code send a reply's content blocks back as the SDK parsed
+    them (a text block's citations, a tool_use's id and input), and a failed tool's result with
+    is_error and block content beside a text block: accepted, and the same prompt as the plain forms."""
+    said = create(smol, messages=HI, max_tokens=6).content
+    used = create(smol, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"}, max_tokens=60).content
+    use = next(b for b in used if b.type == "tool_use")
+    text = "".join(b.text for b in said if b.type == "text")
+    plain_used = [{"type": "tool_use", "id": b.id, "name": b.name, "input": b.input} if b.type == "tool_use"
+                  else {"type": "text", "text": b.text} for b in used]
+
+    def count(messages: list) -> int:
+        return client(smol).messages.count_tokens(model="m", messages=messages, tools=[WEATHER]).input_tokens
+
+    def turn(said_blocks, use_blocks, result) -> list:
+        return [*HI, {"role": "assistant", "content": said_blocks}, *ASK, {"role": "assistant", "content": use_blocks},
+                {"role": "user", "content": [result, {"type": "text", "text": "Answer anyway."}]}]
+
+    as_returned = count(turn([b.model_dump() for b in said], [b.model_dump() for b in used],
+                             {"type": "tool_result", "tool_use_id": use.id, "is_error": True,
+                              "content": [{"type": "text", "text": "service down"}]}))
+    plain = count(turn(text, plain_used, {"type": "tool_result", "tool_use_id": use.id, "content": "service down"}))
+    assert as_returned == plain
+    assert count(turn(text, plain_used, {"type": "tool_result", "tool_use_id": use.id, "content": "down"})) < plain

@@ -197,3 +197,26 @@ def test_bad_requests_are_openai_400s_naming_the_problem(smol, body, param, frag
     assert (error["param"] or param).startswith(param)
     with pytest.raises(openai.BadRequestError):
         smol.client().responses.create(model="m", **body)
+
+
+def test_output_items_sent_back_as_the_sdk_returns_them(smol):
+    """openai-agents and langchain send a reply's output items back as the SDK parsed them (a message's
+    id, status and output_text parts with annotations; a function call's id and status): accepted, and
+    the same prompt as the items' plain forms."""
+    said = create(smol, input="Say hi to Ada.", max_output_tokens=6).output[0]
+    call = create(smol, input=ASK, tools=[WEATHER], tool_choice="required", max_output_tokens=60).output[0]
+    assert said.type == "message" and call.type == "function_call" and call.id and call.status
+    text = "".join(part.text for part in said.content)
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees"}
+
+    def count(items: list) -> int:
+        return smol.client().responses.input_tokens.count(model="m", input=items, tools=[WEATHER]).input_tokens
+
+    as_returned = count([{"role": "user", "content": "Say hi to Ada."}, said.model_dump(exclude_none=True),
+                         {"role": "user", "content": ASK}, call.model_dump(exclude_none=True), result])
+    plain = count([{"role": "user", "content": "Say hi to Ada."}, {"role": "assistant", "content": text},
+                   {"role": "user", "content": ASK},
+                   {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+                   result])
+    assert as_returned == plain
+    assert count([{"role": "user", "content": ASK}, call.model_dump(exclude_none=True), result]) < plain - 5
