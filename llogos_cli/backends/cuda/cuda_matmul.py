@@ -209,7 +209,7 @@ def _launch_matvec(k, module: str, w: QuantMatrix, inputs: tuple, y, add, n_tok:
 
 def int8_pays(ws: list[QuantMatrix]) -> bool:
     """Whether products sharing an input are worth quantizing it for (INT8_MIN_BYTES)."""
-    return any(w.qtype in INT8_TYPES for w in ws) and max(w.raw.nbytes for w in ws) >= INT8_MIN_BYTES
+    return any(w.qtype in INT8_TYPES for w in ws) and not launch_bound(ws)
 
 
 def mma_pays(k, ws: list[QuantMatrix]) -> bool:
