@@ -1,7 +1,8 @@
 """Instructions the integer products issue per tile-block (TILE rows times one block, one token),
 read from the assembly of each kernel compiled alone: a figure that does not depend on how busy the
 machine is (docs/PERF.md). A set this CPU lacks compiles for a CPU that has it, e.g. AVX-VNNI with
-NUMBA_CPU_NAME=alderlake NUMBA_CPU_FEATURES=+avx2,+avxvnni,+fma,+f16c,+bmi2 (nothing is run).
+NUMBA_CPU_NAME=alderlake NUMBA_CPU_FEATURES=+avx2,+avxvnni,+fma,+f16c,+bmi2 (nothing is run); on a
+CPU with AVX-512, give LLOGOS_CPU_ISA=avx2 for an AVX2 CPU's code (else LLVM uses AVX-512 inside it).
 
     python -m bench.kernel_asm avx2 q4_1 q8_0 q4_k q6_k
 """
@@ -9,6 +10,7 @@ NUMBA_CPU_NAME=alderlake NUMBA_CPU_FEATURES=+avx2,+avxvnni,+fma,+f16c,+bmi2 (not
 import argparse
 import re
 
+import llogos_cli  # noqa: F401  (before numba: LLOGOS_CPU_ISA=avx2 compiles for an AVX2 CPU)
 import numba
 import numpy as np
 

@@ -13,3 +13,13 @@ __version__ = "0.1.0"
 # llogos imports NumPy or numba; a value already in the environment is kept.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+
+# LLOGOS_CPU_ISA=avx2 (or avxvnni) on a CPU that has more: compile every kernel for a CPU that has
+# only that set, as a desktop or cloud AVX2 CPU would run them. LLVM otherwise takes the host's
+# AVX-512 for the vector code it writes itself, even inside the AVX2 kernels (two 256-bit halves
+# become one 512-bit op, masks become mask registers): those kernels ran 0.55x the instructions of an
+# AVX2 CPU's (docs/PERF.md). numba reads these as it loads; values already set are kept.
+_AS_CPU = {"avx2": ("haswell", "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+lzcnt,+movbe"),
+           "avxvnni": ("alderlake", "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+lzcnt,+movbe,+avxvnni")}
+if os.environ.get("LLOGOS_CPU_ISA") in _AS_CPU and "NUMBA_CPU_NAME" not in os.environ:
+    os.environ["NUMBA_CPU_NAME"], os.environ["NUMBA_CPU_FEATURES"] = _AS_CPU[os.environ["LLOGOS_CPU_ISA"]]
