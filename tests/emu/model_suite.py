@@ -301,19 +301,27 @@ def test_recurrent_models_take_rows_of_distinct_slots_only(backend, name):
         step(np.array([1, 2]), np.array([0, 0]), np.array([0, 1]))
 
 
-def engine_tokens(model, tokenizer, prompts: list[list[int]], n_predict: int, speculation=None) -> list[list[int]]:
-    """Greedy tokens of each prompt, one request after another on one engine of one slot."""
-    from llogos_cli.engine.batch import BatchEngine, Request
+def one_slot_engine(model, tokenizer, speculation=None):
+    """An engine of one slot of 64 positions, f32 caches, no prefix cache."""
+    from llogos_cli.engine.batch import BatchEngine
+    from llogos_cli.engine.speculation import SpecParams
+    return BatchEngine(model, tokenizer, 1, 64, ("f32", "f32"), prefix_cache_bytes=0,
+                       speculation=speculation or SpecParams())
+
+
+def greedy_tokens(engine, prompt: list[int], n_predict: int) -> list[int]:
+    from llogos_cli.engine.batch import Request
     from llogos_cli.engine.generation import Generation
     from llogos_cli.engine.sampling import SamplingParams
-    from llogos_cli.engine.speculation import SpecParams
     from llogos_cli.engine.stops import StopCriteria
+    request = Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(n_predict=n_predict, ignore_eos=True))
+    return [t.id for t in Generation(engine, request)]
 
-    engine = BatchEngine(model, tokenizer, 1, 64, ("f32", "f32"),
-                         prefix_cache_bytes=0, speculation=speculation or SpecParams())
-    return [[t.id for t in Generation(engine, Request(i, prompt, SamplingParams(temp=0.0),
-                                                      StopCriteria(n_predict=n_predict, ignore_eos=True)))]
-            for i, prompt in enumerate(prompts)]
+
+def engine_tokens(model, tokenizer, prompts: list[list[int]], n_predict: int, speculation=None) -> list[list[int]]:
+    """Greedy tokens of each prompt, one request after another on one engine of one slot."""
+    engine = one_slot_engine(model, tokenizer, speculation)
+    return [greedy_tokens(engine, prompt, n_predict) for prompt in prompts]
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-gemma3-q8_0"])
