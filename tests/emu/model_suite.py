@@ -301,27 +301,32 @@ def test_recurrent_models_take_rows_of_distinct_slots_only(backend, name):
         step(np.array([1, 2]), np.array([0, 0]), np.array([0, 1]))
 
 
-def one_slot_engine(model, tokenizer, speculation=None):
-    """An engine of one slot of 64 positions, f32 caches, no prefix cache."""
+def one_slot_engine(model, tokenizer, speculation=None, prefix_cache_bytes: int = 0):
+    """An engine of one slot of 64 positions, f32 caches, no prefix cache unless given its bytes."""
     from llogos_cli.engine.batch import BatchEngine
     from llogos_cli.engine.speculation import SpecParams
-    return BatchEngine(model, tokenizer, 1, 64, ("f32", "f32"), prefix_cache_bytes=0,
+    return BatchEngine(model, tokenizer, 1, 64, ("f32", "f32"), prefix_cache_bytes=prefix_cache_bytes,
                        speculation=speculation or SpecParams())
 
 
-def greedy_tokens(engine, prompt: list[int], n_predict: int) -> list[int]:
+def greedy_tokens(engine, prompt: list[int], n_predict: int, generations: list | None = None) -> list[int]:
+    """The greedy tokens of the prompt on the engine; its Generation appended to generations."""
     from llogos_cli.engine.batch import Request
     from llogos_cli.engine.generation import Generation
     from llogos_cli.engine.sampling import SamplingParams
     from llogos_cli.engine.stops import StopCriteria
     request = Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(n_predict=n_predict, ignore_eos=True))
-    return [t.id for t in Generation(engine, request)]
+    generation = Generation(engine, request)
+    if generations is not None:
+        generations.append(generation)
+    return [t.id for t in generation]
 
 
-def engine_tokens(model, tokenizer, prompts: list[list[int]], n_predict: int, speculation=None) -> list[list[int]]:
+def engine_tokens(model, tokenizer, prompts: list[list[int]], n_predict: int, speculation=None,
+                  prefix_cache_bytes: int = 0, generations: list | None = None) -> list[list[int]]:
     """Greedy tokens of each prompt, one request after another on one engine of one slot."""
-    engine = one_slot_engine(model, tokenizer, speculation)
-    return [greedy_tokens(engine, prompt, n_predict) for prompt in prompts]
+    engine = one_slot_engine(model, tokenizer, speculation, prefix_cache_bytes)
+    return [greedy_tokens(engine, prompt, n_predict, generations) for prompt in prompts]
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-gemma3-q8_0"])
@@ -343,6 +348,27 @@ def test_engine_short_prompts_as_rows_generate_as_the_prompt_path(backend, name,
         eager.setattr(decode_graph, "PROMPT_ROWS", 1)
         assert engine_tokens(gpu, tokenizer, prompts, 10, speculation) == rows
     assert engine_tokens(cpu, tokenizer, prompts, 10, speculation) == rows
+
+
+def test_engine_prefix_hit_s_short_rest_as_rows(backend, monkeypatch):
+    """A prompt whose first two blocks (32 tokens) the prefix cache holds from an earlier one: its
+    last 6 tokens run as rows at positions 32..37, reading the shared blocks through the slot's
+    block table, and generate as on the eager prompt pass and on the NumPy backend."""
+    from llogos_cli.model import memory
+    from llogos_cli.tokenizer.tokenizer import Tokenizer
+    monkeypatch.setattr(memory, "gpu_available", lambda: 1 << 30)   # the emulator has no device to ask
+    cpu, gpu = model_pair("tiny-llama-q8_0", backend)
+    tokenizer = Tokenizer.from_gguf(GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf")))
+    rng = np.random.default_rng(12)
+    shared = rng.integers(0, gpu.cfg.n_vocab, 32).tolist()
+    prompts = [shared + rng.integers(0, gpu.cfg.n_vocab, n).tolist() for n in (4, 6)]
+    generations = []
+    rows = engine_tokens(gpu, tokenizer, prompts, 6, prefix_cache_bytes=1 << 20, generations=generations)
+    assert generations[1].result.prefix_hit == 32
+    with monkeypatch.context() as eager:
+        eager.setattr(decode_graph, "PROMPT_ROWS", 1)
+        assert engine_tokens(gpu, tokenizer, prompts, 6, prefix_cache_bytes=1 << 20) == rows
+    assert engine_tokens(cpu, tokenizer, prompts, 6, prefix_cache_bytes=1 << 20) == rows
 
 
 def test_engine_greedy_generation_matches_the_cpu_backend(backend):
