@@ -11,6 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from llogos_cli.gguf.file import GGUFFile
+from llogos_cli.model.forward import Model
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -26,7 +29,7 @@ def bench_cuda():
 def measured(name: str, theirs: bool) -> dict:
     batched = [{"B": n, "prefill_tok_s": 1000.0 * n, "decode_tok_s": 100.0 * n} for n in (1, 4)]
     return {
-        "model": name, "weights_GB": 4.6, "load_s": 3.0, "prefill_tok_s": 9000.0, "ttft_ms": 12.5,
+        "model": name, "weights_GB": 4.6, "load_s": 3.0, "prefill_tok_s": 9000.0, "ttft_ms": 8.5, "ttft_ms_eager": 12.5,
         "decode_tok_s": 210.0, "decode_tok_s_eager": 150.0, "decode_tok_s_graph": 210.0, "decode_GB_s": 966.0,
         "bandwidth_fraction": 0.322,
         "decode_step_ms": {"kernels_gpu": 4.1, "matvec_gpu": 3.0, "graph_replay_gpu": 4.3, "graph_wall": 4.76, "eager_wall": 6.67},
@@ -52,6 +55,7 @@ def test_record_has_what_the_gpu_issue_asks_for_per_model(bench_cuda):
     ours, theirs = record["models"]["llama-8b"]["llogos"], record["models"]["llama-8b"]["llamacpp"]
     for key in ("decode_tok_s", "prefill_tok_s", "ttft_ms", "bandwidth_fraction"):
         assert isinstance(ours[key], float) and isinstance(theirs[key], float), key
+    assert ours["ttft_ms_eager"] == 12.5
     assert theirs["bandwidth_fraction"] == pytest.approx(4.6 * 180 / 3000)
     assert record["models"]["qwen35-0.8b"]["llamacpp"] is None   # llama.cpp failed on it: ours still count
     rows = record["models"]["llama-8b"]["batched"]
@@ -62,8 +66,9 @@ def test_record_has_what_the_gpu_issue_asks_for_per_model(bench_cuda):
 def test_report_prints_both_sides(bench_cuda, capsys):
     bench_cuda.report([measured("llama-8b", True), measured("qwen35-0.8b", False)], PRODUCTS, 3000.0)
     out = capsys.readouterr().out
-    assert "| llama-8b | 4.60 | 9000 (11000) | 12.5 (9.0) | 150 / 210 (180) | 32% (28%) |" in out
-    assert "| qwen35-0.8b | 4.60 | 9000 (-) | 12.5 (-) |" in out
+    assert "| llama-8b | 4.60 | 9000 (11000) | 8.5 (9.0) | 150 / 210 (180) | 32% (28%) |" in out
+    assert "| qwen35-0.8b | 4.60 | 9000 (-) | 8.5 (-) |" in out
+    assert "by the eager prompt pass: llama-8b 12.5, qwen35-0.8b 12.5" in out
     assert "| llama-8b | 4.100 | 3.000 (1533 GB/s) | 4.300 | 4.760 | 6.670 |" in out
     assert "| model | wall | expert kernels | GEMMs |\n|---|---|---|---|\n| llama-8b | 45.0 | 12.5 | 40.0 |" in out
     assert ("| type | rows x cols | 1 token, int8, 1 row a warp | 4 tokens |\n|---|---|---|---|\n"
@@ -127,6 +132,24 @@ def test_the_benchmark_runs_through_under_the_emulator(bench_cuda, monkeypatch, 
     assert len(products) == 9 * 5 + 5 * 4 and sum(p["chosen"] for p in products if p["tokens"] == 1) == 9 * 2
     assert {p["type"] for p in products if p["activations"] == "int8" and p["chosen"]} == {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"}
     bench_cuda.report([result], products, 3000.0)
+
+
+def test_time_to_first_token_is_the_engine_s_replay_of_prompt_rows(bench_cuda):
+    """The TTFT figure times a short prompt as the engine runs it: one replay of the decode step's
+    graph (after its capture), its argmax the only kernel launched on its own; a model whose
+    prompts stay on the prompt pass (recurrent layers) has no such figure."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    from tests.emu.emulator import EmuKernels
+
+    backend = CudaBackend(EmuKernels())
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    gpu = Model(GGUFFile(fixtures / "tiny-gemma2-q8_0.gguf"), backend)
+    launched = len(backend.kernels.launched)
+    assert bench_cuda.rows_first_token_s(gpu, np.arange(1, 6, dtype=np.int32), 32, 2) > 0
+    after_capture = backend.kernels.launched[launched:]
+    assert after_capture[-2:] == ["argmax_rows_f32"] * 2 and "argmax_rows_f32" not in after_capture[:-2]
+    hybrid = Model(GGUFFile(fixtures / "tiny-lfm2-q8_0.gguf"), backend)
+    assert bench_cuda.rows_first_token_s(hybrid, np.arange(1, 6, dtype=np.int32), 32, 2) is None
 
 
 def test_prompt_products_benchmark_runs_both_paths_under_the_emulator(monkeypatch):

@@ -12,11 +12,13 @@ from llogos_cli.backends.cuda import cuda_attention, cuda_experts, cuda_matmul
 from llogos_cli.backends.cuda.cuda_attention import FUSED_MAX_TOKENS
 from llogos_cli.backends.cuda.cuda_backend import CudaBackend
 from llogos_cli.backends.cuda.cuda_batch import Run
+from llogos_cli.engine import decode_graph
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
 from tests.emu.emulator import EmuKernels, EmulationError
+from tests.conftest import FIXTURES, need
 from tests.emu.model_suite import *  # noqa: F401,F403 (the shared whole-model tests)
-from tests.emu.model_suite import load_bench, model_pair, relative
+from tests.emu.model_suite import greedy_tokens, load_bench, model_pair, one_slot_engine, relative
 from tests.emu.op_suite import *  # noqa: F401,F403 (the shared operation tests)
 from tests.emu.op_suite import CPU, host, random_weights
 
@@ -94,6 +96,28 @@ def test_long_prompts_take_the_gemm_paths(backend):
     gpu.forward_seq(gpu.new_context(64, "f16", "f16"), ids[:FUSED_MAX_TOKENS])
     assert {"matvec_batch_q8_0", "matvec_q8_0", "attention_f16_f16"} <= set(backend.kernels.launched)  # the LM head: one token
     assert not {"dequantize_q8_0", "softmax_lengths_f32"} & set(backend.kernels.launched)
+
+
+@pytest.mark.parametrize("prompt_rows, replayed", [(decode_graph.PROMPT_ROWS, True), (1, False)])
+def test_a_short_prompt_is_one_replay_of_the_decode_step(backend, monkeypatch, prompt_rows, replayed):
+    """On an engine whose decode graphs are captured (a first request's 5-token prompt, bucket 8, and
+    its decode steps, bucket 1), a second request's 6-token prompt and its decode steps launch no
+    kernel of their own, but for each step's argmax: the prompt is one graph replay. On the eager
+    prompt pass (PROMPT_ROWS 1) the prompt launches its layers' kernels (33 on this model)."""
+    from llogos_cli.tokenizer.tokenizer import Tokenizer
+    monkeypatch.setattr(decode_graph, "PROMPT_ROWS", prompt_rows)
+    _, gpu = model_pair("tiny-llama-q8_0", backend)
+    tokenizer = Tokenizer.from_gguf(GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf")))
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, gpu.cfg.n_vocab, n).tolist() for n in (5, 6)]
+    engine = one_slot_engine(gpu, tokenizer)
+    greedy_tokens(engine, prompts[0], 3)
+    launched = len(backend.kernels.launched)
+    greedy_tokens(engine, prompts[1], 3)
+    kernels = backend.kernels.launched[launched:]
+    own = [name for name in kernels if name != "argmax_rows_f32"]
+    assert kernels.count("argmax_rows_f32") == 3, kernels
+    assert own == [] if replayed else any(name.startswith("attention") for name in own), kernels
 
 
 @pytest.mark.parametrize("row_tiles, kernel", [(2, "matmul_q8_mma_rows64_q4_0"), (4, "matmul_q8_mma_q4_0")])

@@ -9,6 +9,13 @@ replay. Everything else a step touches is fixed at capture: the weights, the cac
 intermediates, which the capture keeps alive. The launches of a bucket's step are the same
 whatever rows it holds (cuda_batch), which is what makes the replay valid. The backend offers
 only the primitives: capture(fn), device_input(name, values), release_inputs().
+
+Rows may also be several tokens of one slot at consecutive positions: a short prompt, or a
+decoding row and its draft (engine/speculation.py). A step's kernels store every row's keys and
+values of a layer before any row's attention in it, and each row attends its slot's cache up to its
+own position, so such rows give the prompt's own logits, from one replay instead of a prompt's
+hundreds of launches. Recurrent layers step each row from its slot's state as it was before the
+step, so a model with them takes rows of distinct slots only.
 """
 
 import functools
@@ -18,6 +25,12 @@ import numpy as np
 from llogos_cli.errors import LlogosError
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# A run of up to this many tokens of one slot goes through the decode step as rows (prompt_rows).
+# Up to here a prompt run eagerly takes the same kernel families as the rows do (fused attention,
+# FUSED_MAX_TOKENS; batched products below GEMM_MIN_TOKENS), so the replay only drops launches;
+# longer runs keep the eager pass's GEMM attention. Not measured on a GPU yet: bench_cuda's TTFT
+# at 5 tokens is the figure, and a 16-to-32-token prompt's is the one to move it by.
+PROMPT_ROWS = 16
 
 
 def decode_step(model, cache):
@@ -26,6 +39,13 @@ def decode_step(model, cache):
     if model.backend.graphs:
         return GraphDecoder(model, cache).step
     return functools.partial(model.forward_rows, cache)
+
+
+def prompt_rows(model) -> int:
+    """How many tokens of one slot a decode step takes as rows (a short prompt, a drafted row):
+    PROMPT_ROWS where the step is a graph replay and the model has no recurrent layers; else 1 (a
+    CPU forward pass is one pass either way, and its rows' LM head would cost more than it saves)."""
+    return PROMPT_ROWS if model.backend.graphs and not any(model.cfg.recurrent) else 1
 
 
 class GraphDecoder:
@@ -55,10 +75,15 @@ class GraphDecoder:
             raise LlogosError("a decode step needs one slot and one position per token")
         if tokens.min() < 0 or tokens.max() >= n_vocab:
             raise LlogosError(f"token id outside the vocabulary [0, {n_vocab})")
-        if slots.min() < 0 or slots.max() >= cache.n_slots or len(np.unique(slots)) != len(slots):
-            raise LlogosError(f"a decode step needs distinct slots in [0, {cache.n_slots})")
+        if slots.min() < 0 or slots.max() >= cache.n_slots:
+            raise LlogosError(f"a decode step's rows need slots in [0, {cache.n_slots})")
         if pos.min() < 0 or pos.max() >= cache.n_ctx:
             raise LlogosError(f"context is full: position {pos.max()} is past --ctx-size {cache.n_ctx}")
+        if len(np.unique(slots)) != len(slots):
+            if any(self.model.cfg.recurrent):
+                raise LlogosError("a decode step of a model with recurrent layers needs distinct slots")
+            if len(np.unique(slots.astype(np.int64) * cache.n_ctx + pos)) != len(slots):
+                raise LlogosError("a decode step's rows of one slot need distinct positions")
 
     def _replay(self, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray):
         rows = len(tokens)

@@ -1,8 +1,9 @@
 """Turns a step's work into one forward pass over the cache, and samples every row that needs it.
 
 A step of decode rows only (one token each) is replayed from a CUDA graph where the backend
-captures them (engine/decode_graph.py); a step with prompt chunks or drafted tokens
-(engine/speculation.py) runs the forward pass eagerly. Plain greedy rows take their argmax where
+captures them (engine/decode_graph.py), and so is one whose prompt chunks and drafted rows
+(engine/speculation.py) are short (decode_graph.prompt_rows): their tokens go in as rows of their
+slot at consecutive positions. Other steps run the forward pass eagerly. Plain greedy rows take their argmax where
 the logits are; only the other rows' logits cross to the host.
 The cache's KV is a pool of n_blocks blocks of BLOCK_SIZE positions, and the runner writes each
 row's block table into the cache's block_tables before a step (in place: a captured decode graph
@@ -12,7 +13,7 @@ decided for a row's slot: a fresh start, a recurrent state restored or marked, a
 
 import numpy as np
 
-from llogos_cli.engine.decode_graph import decode_step
+from llogos_cli.engine.decode_graph import BUCKETS, decode_step, prompt_rows
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE
 from llogos_cli.engine.scheduler import Work
 from llogos_cli.model.batch import Batch
@@ -27,6 +28,7 @@ class ModelRunner:
         self.cache = model.new_cache(n_slots, n_ctx, *cache_types, n_blocks=n_blocks, block_size=BLOCK_SIZE)
         self._written: dict[int, list[int]] = {}   # slot -> the table last written there (a copy to the GPU)
         self._decode = decode_step(model, self.cache)
+        self._prompt_rows = prompt_rows(model)
 
     def run(self, work: list[Work]) -> list["Choices"]:
         """Evaluate the work; the Choices of each item that samples, in order."""
@@ -47,18 +49,25 @@ class ModelRunner:
                 self.model.backend.write_block_table(self.cache.block_tables, w.row.slot, w.row.blocks)
                 self._written[w.row.slot] = list(w.row.blocks)
         sampling = [w for w in work if w.samples]
-        if all(w.end - w.start == 1 and not w.draft for w in work):
-            logits = self._decode(np.array([w.row.tokens[w.start] for w in work], np.int32),
-                                  np.array([w.row.slot for w in work], np.int32),
-                                  np.array([w.start for w in work], np.int32))
-            if len(sampling) < len(work):
-                logits = logits[[i for i, w in enumerate(work) if w.samples]]
+        if self._as_rows(work):
+            tokens, slots, pos, picks = _rows(work)
+            logits = self._decode(tokens, slots, pos)
+            if len(picks) < len(tokens):
+                logits = logits[picks]
         else:   # a drafted row's logits at its last token and at each drafted one
             batch = Batch.join([Batch.run(w.row.tokens[w.start:w.end] + list(w.draft), w.row.slot, w.start,
                                           range(w.end - w.start - 1, w.end - w.start + len(w.draft)) if w.samples
                                           else []) for w in work])
             logits = self.model.forward(self.cache, batch)
         return self._sample(sampling, logits)
+
+    def _as_rows(self, work: list[Work]) -> bool:
+        """Whether the step goes through the decode step: every item one token (decode rows), or,
+        where it takes several rows of a slot, every item short and all in one replay."""
+        if all(_length(w) == 1 for w in work):
+            return True
+        return (self._prompt_rows > 1 and all(_length(w) <= self._prompt_rows for w in work)
+                and sum(map(_length, work)) <= BUCKETS[-1])
 
     def shift(self, row, copies: list[tuple[int, int]], n_keep: int, n_discard: int, n_past: int) -> None:
         """A context shift of the row (engine/context_shift.py): the blocks it no longer shares
@@ -112,6 +121,26 @@ class Choices:
         if self.ids is not None:
             return int(self.ids[i]), None
         return self.completion.choose(self.logits[i])
+
+
+def _length(w: Work) -> int:
+    """The rows an item puts through the forward pass: its chunk's tokens and its draft."""
+    return w.end - w.start + len(w.draft)
+
+
+def _rows(work: list[Work]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """The work as decode rows: (tokens, slots, positions), each item's tokens and draft at
+    consecutive positions of its slot; and the rows whose logits are sampled, as the eager pass
+    gives them (a sampling item's last token and each drafted one)."""
+    tokens, slots, pos, picks = [], [], [], []
+    for w in work:
+        n = _length(w)
+        if w.samples:
+            picks += range(len(tokens) + w.end - w.start - 1, len(tokens) + n)
+        tokens += w.row.tokens[w.start:w.end] + list(w.draft)
+        slots += [w.row.slot] * n
+        pos += range(w.start, w.start + n)
+    return np.array(tokens, np.int32), np.array(slots, np.int32), np.array(pos, np.int32), picks
 
 
 def _masks(rows: list, n: int) -> np.ndarray | None:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from llogos_cli.backends.cuda import cuda_attention, cuda_matmul
-from llogos_cli.engine.decode_graph import GraphDecoder
+from llogos_cli.engine import decode_graph
+from llogos_cli.engine.decode_graph import GraphDecoder, prompt_rows
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -261,12 +262,113 @@ def test_decoder_replays_gemm_buckets(backend, name, products):
 def test_decoder_rejects_bad_rows(backend):
     _, gpu = model_pair("tiny-llama-q8_0", backend)
     step = GraphDecoder(gpu, gpu.new_cache(2, 8)).step
-    for tokens, slots, pos, message in (([1, 2], [0, 0], [0, 0], "distinct slots"),
-                                        ([1], [2], [0], "distinct slots"),   # the pad slot is not a row's
+    for tokens, slots, pos, message in (([1, 2], [0, 0], [0, 0], "distinct positions"),
+                                        ([1], [2], [0], "slots in"),   # the pad slot is not a row's
                                         ([1], [0], [8], "context is full"),
                                         ([gpu.cfg.n_vocab], [0], [0], "outside the vocabulary")):
         with pytest.raises(LlogosError, match=message):
             step(np.array(tokens), np.array(slots), np.array(pos))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-qwen3-f32", "tiny-gemma3-q8_0", "tiny-gemma2-q8_0",
+                                  "tiny-gpt-oss-q8_0", "tiny-phi3-longrope-q8_0", "tiny-qwen3moe-q8_0"])
+def test_short_prompt_as_rows_of_one_slot(backend, name):
+    """A 5-token prompt, then a 7-token chunk after it (past position 8, where gemma3's local
+    windows slide), as rows of slot 1 of the decode step (bucket 8: padding rows in it): every
+    row's logits those of the eager prompt pass and of the NumPy backend's rows (softcaps: gemma2;
+    sinks and windows: gpt-oss; experts: qwen3moe)."""
+    cpu, gpu = model_pair(name, backend)
+    assert prompt_rows(gpu) == decode_graph.PROMPT_ROWS
+    ids = np.random.default_rng(5).integers(0, gpu.cfg.n_vocab, 12).astype(np.int32)
+    c_cache, eager, graphed = (m.new_cache(2, 32, "f32", "f32") for m in (cpu, gpu, gpu))
+    step = GraphDecoder(gpu, graphed).step
+    for start, n in ((0, 5), (5, 7)):
+        rows = ids[start:start + n], np.ones(n, np.int32), np.arange(start, start + n, dtype=np.int32)
+        want = backend.to_host(gpu.forward(eager, Batch.run(rows[0], 1, start, np.arange(n))))
+        got = backend.to_host(step(*rows))
+        assert relative(got, want) < CACHE_TOLERANCE["f32"], start
+        assert relative(got, cpu.forward_rows(c_cache, *rows)) < CACHE_TOLERANCE["f32"], start
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen35-f32", "tiny-lfm2-q8_0"])
+def test_recurrent_models_take_rows_of_distinct_slots_only(backend, name):
+    """Recurrent layers step each row from its slot's state before the step: rows of one slot
+    would each start from the same state, so these models' prompts stay on the eager pass."""
+    _, gpu = model_pair(name, backend)
+    assert prompt_rows(gpu) == 1
+    step = GraphDecoder(gpu, gpu.new_cache(2, 8)).step
+    with pytest.raises(LlogosError, match="recurrent layers needs distinct slots"):
+        step(np.array([1, 2]), np.array([0, 0]), np.array([0, 1]))
+
+
+def one_slot_engine(model, tokenizer, speculation=None, prefix_cache_bytes: int = 0):
+    """An engine of one slot of 64 positions, f32 caches, no prefix cache unless given its bytes."""
+    from llogos_cli.engine.batch import BatchEngine
+    from llogos_cli.engine.speculation import SpecParams
+    return BatchEngine(model, tokenizer, 1, 64, ("f32", "f32"), prefix_cache_bytes=prefix_cache_bytes,
+                       speculation=speculation or SpecParams())
+
+
+def greedy_tokens(engine, prompt: list[int], n_predict: int, generations: list | None = None) -> list[int]:
+    """The greedy tokens of the prompt on the engine; its Generation appended to generations."""
+    from llogos_cli.engine.batch import Request
+    from llogos_cli.engine.generation import Generation
+    from llogos_cli.engine.sampling import SamplingParams
+    from llogos_cli.engine.stops import StopCriteria
+    request = Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(n_predict=n_predict, ignore_eos=True))
+    generation = Generation(engine, request)
+    if generations is not None:
+        generations.append(generation)
+    return [t.id for t in generation]
+
+
+def engine_tokens(model, tokenizer, prompts: list[list[int]], n_predict: int, speculation=None,
+                  prefix_cache_bytes: int = 0, generations: list | None = None) -> list[list[int]]:
+    """Greedy tokens of each prompt, one request after another on one engine of one slot."""
+    engine = one_slot_engine(model, tokenizer, speculation, prefix_cache_bytes)
+    return [greedy_tokens(engine, prompt, n_predict, generations) for prompt in prompts]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-gemma3-q8_0"])
+@pytest.mark.parametrize("draft", [False, True])
+def test_engine_short_prompts_as_rows_generate_as_the_prompt_path(backend, name, draft, monkeypatch):
+    """Greedy generation on the engine with short prompts (and, with a draft, drafted rows) run as
+    rows of the decode step, against the eager prompt pass (PROMPT_ROWS 1) and the NumPy backend."""
+    from llogos_cli.engine.speculation import SpecParams
+    from llogos_cli.tokenizer.tokenizer import Tokenizer
+    cpu, gpu = model_pair(name, backend)
+    tokenizer = Tokenizer.from_gguf(GGUFFile(need(FIXTURES / f"{name}.gguf")))
+    rng = np.random.default_rng(3)
+    motif = rng.integers(0, gpu.cfg.n_vocab, 3).tolist()
+    prompts = [motif * 3, rng.integers(0, gpu.cfg.n_vocab, 5).tolist()]   # a repeat an n-gram drafts from
+    speculation = SpecParams("ngram-simple", spec_ngram_simple_size_n=1, spec_ngram_simple_size_m=8,
+                             draft_max=8) if draft else None
+    rows = engine_tokens(gpu, tokenizer, prompts, 10, speculation)
+    with monkeypatch.context() as eager:
+        eager.setattr(decode_graph, "PROMPT_ROWS", 1)
+        assert engine_tokens(gpu, tokenizer, prompts, 10, speculation) == rows
+    assert engine_tokens(cpu, tokenizer, prompts, 10, speculation) == rows
+
+
+def test_engine_prefix_hit_s_short_rest_as_rows(backend, monkeypatch):
+    """A prompt whose first two blocks (32 tokens) the prefix cache holds from an earlier one: its
+    last 6 tokens run as rows at positions 32..37, reading the shared blocks through the slot's
+    block table, and generate as on the eager prompt pass and on the NumPy backend."""
+    from llogos_cli.model import memory
+    from llogos_cli.tokenizer.tokenizer import Tokenizer
+    monkeypatch.setattr(memory, "gpu_available", lambda: 1 << 30)   # the emulator has no device to ask
+    cpu, gpu = model_pair("tiny-llama-q8_0", backend)
+    tokenizer = Tokenizer.from_gguf(GGUFFile(need(FIXTURES / "tiny-llama-q8_0.gguf")))
+    rng = np.random.default_rng(12)
+    shared = rng.integers(0, gpu.cfg.n_vocab, 32).tolist()
+    prompts = [shared + rng.integers(0, gpu.cfg.n_vocab, n).tolist() for n in (4, 6)]
+    generations = []
+    rows = engine_tokens(gpu, tokenizer, prompts, 6, prefix_cache_bytes=1 << 20, generations=generations)
+    assert generations[1].result.prefix_hit == 32
+    with monkeypatch.context() as eager:
+        eager.setattr(decode_graph, "PROMPT_ROWS", 1)
+        assert engine_tokens(gpu, tokenizer, prompts, 6, prefix_cache_bytes=1 << 20) == rows
+    assert engine_tokens(cpu, tokenizer, prompts, 6, prefix_cache_bytes=1 << 20) == rows
 
 
 def test_engine_greedy_generation_matches_the_cpu_backend(backend):
