@@ -63,7 +63,7 @@ class Server:
         return httpx.post(self.url + path, content=data, timeout=60, **kw)
 
     def metrics(self, **kw) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics", timeout=10, **kw).text
+        text = httpx.get(self.url + "/metrics", timeout=WAIT_S, **kw).text
         return {k: float(v) for k, v in re.findall(r"^(llogos_\S+) (\S+)$", text, re.M)}
 
     def stop(self):
