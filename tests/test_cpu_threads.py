@@ -4,6 +4,7 @@ takes the flags."""
 
 import multiprocessing
 import time
+from types import SimpleNamespace
 
 import numba
 import numpy as np
@@ -53,29 +54,44 @@ def test_free_cores_subtracts_what_other_processes_used():
     assert free_cores((5, 1, 1), (5, 1, 1), 8) == 8         # no time between the samples
 
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def _spin(cpu_seconds: float) -> None:
+    """Busy until this process has used cpu_seconds of CPU, however long other load makes that take."""
+    while time.process_time() < cpu_seconds:
         pass
 
 
+def test_a_sample_counts_the_cpu_other_processes_used():
+    before = cpu_threads._busy_sample()
+    busy = multiprocessing.Process(target=_spin, args=(0.5,))
+    busy.start()
+    busy.join()
+    after = cpu_threads._busy_sample()
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    assert others >= 0.45   # the spinner's half second at least (ticks of 10 ms), whatever else ran
+
+
 def test_auto_leaves_the_cores_that_busy_processes_hold(monkeypatch):
+    """The machine as scripted samples on a scripted clock: what auto decides from them, counted again
+    every RECOUNT_S, whatever the real machine is doing."""
     cores = available_cores()
     if cores < 2:
         pytest.skip("needs two cores to leave one to others")
-    monkeypatch.setattr(cpu_threads, "RECOUNT_S", 0.5)
+    clock, used = [100.0], [0.0]   # seconds; CPU seconds every process used (this one none)
+    monkeypatch.setattr(cpu_threads, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(cpu_threads, "_busy_sample", lambda: (clock[0], used[0], 0.0))
+
+    def run(seconds: float, busy_cores: float) -> None:
+        clock[0] += seconds
+        used[0] += seconds * busy_cores
+
     threads = CpuThreads()
-    busy = [multiprocessing.Process(target=_spin, args=(3.0,)) for _ in range(cores - 1)]
-    for p in busy:
-        p.start()
-    try:
-        time.sleep(0.6)
-        assert threads.for_step(1) == 1
-    finally:
-        for p in busy:
-            p.join()
-    time.sleep(0.6)
-    assert threads.for_step(1) >= cores - 1   # the others are gone again (one core of slack for the test runner)
+    assert threads.for_step(1) == cores
+    run(cpu_threads.RECOUNT_S, cores - 1)          # others keep all but one core busy
+    assert threads.for_step(1) == 1
+    run(cpu_threads.RECOUNT_S / 2, 0)              # not yet counted again
+    assert threads.for_step(1) == 1
+    run(cpu_threads.RECOUNT_S / 2, 0)              # the others have gone
+    assert threads.for_step(1) == cores
     CpuThreads(cores, cores).for_step(1)
 
 

@@ -6,6 +6,7 @@ import sys
 import pexpect
 import pytest
 
+from llogos_cli.model.loader import open_tokenizer
 from llogos_cli.paths import PROJECT_ROOT
 from tests.conftest import interruptible, subprocess_env
 
@@ -74,19 +75,24 @@ def test_multi_turn_regen_and_clear(terminal, tmp_path):
 
 
 def test_ctrl_c_stops_the_reply_and_keeps_it(terminal, tmp_path):
-    term = terminal("-n", "300")
+    """The reply cannot end by itself (its end-of-generation tokens banned, no token limit, the
+    context shifted), so only the Ctrl-C can stop it, however fast the machine runs: the test waits
+    for that, not for a number of words."""
+    bans = [arg for token in sorted(open_tokenizer("smollm2-135m").eog_ids) for arg in ("-l", f"{token}-inf")]
+    term = terminal("-n", "-1", "-c", "512", *bans)
     story = "Write a long story about a dragon."
     term.child.send(story + "\r")
     term.child.expect_exact(story + "\r\n")
     term.child.expect(r"\w+ \w+ \w+")                        # the reply is streaming
-    streamed = (term.child.before + term.child.after).replace("\r\n", "\n")
+    streamed = term.child.before + term.child.after
     term.child.send("\x03")
     term.child.expect_exact("(reply interrupted)")
+    shown = (streamed + term.child.before).replace("\r\n", "\n").replace("^C", "")   # less the terminal's echo
     term.child.expect_exact("> ")
     messages = term.saved(tmp_path / "a.json")
     assert [m["role"] for m in messages] == ["user", "assistant"]
     partial = messages[1]["content"]
-    assert partial.startswith(streamed) and len(partial.split()) < 200   # kept up to where it stopped
+    assert partial.startswith(streamed.replace("\r\n", "\n")) and partial.strip() == shown.strip()   # kept as shown
     term.child.send("some text")                             # Ctrl-C with text typed discards the line
     term.child.send("\x03")
     term.child.expect_exact("> ")

@@ -10,6 +10,7 @@ import httpx
 import jsonschema
 import pytest
 
+from llogos_cli.server.anthropic import ERROR_PREFIX
 from tests.conftest import lazy_import
 from tests.test_cli import env  # noqa: F401  (env is a fixture)
 from tests.test_server import Server
@@ -336,8 +337,9 @@ def test_reasoning_streams_as_a_thinking_block_before_the_text():
 
 def test_content_sent_back_as_the_sdk_returns_it(smol):
     """langchain-anthropic, litellm and Claude Code send a reply's content blocks back as the SDK parsed
-    them (a text block's citations, a tool_use's id and input), and a failed tool's result with
-    is_error and block content beside a text block: accepted, and the same prompt as the plain forms."""
+    them (a text block's citations, a tool_use's id and input), and a tool's result as block content
+    beside a text block: accepted, and the same prompt as the plain forms. A failed tool's result
+    (is_error) reaches the model marked: the prompt of its text with ERROR_PREFIX before it."""
     said = create(smol, messages=HI, max_tokens=6).content
     used = create(smol, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"}, max_tokens=60).content
     use = next(b for b in used if b.type == "tool_use")
@@ -352,9 +354,15 @@ def test_content_sent_back_as_the_sdk_returns_it(smol):
         return [*HI, {"role": "assistant", "content": said_blocks}, *ASK, {"role": "assistant", "content": use_blocks},
                 {"role": "user", "content": [result, {"type": "text", "text": "Answer anyway."}]}]
 
+    def result(content, **error) -> dict:
+        return {"type": "tool_result", "tool_use_id": use.id, "content": content, **error}
+
     as_returned = count(turn([b.model_dump() for b in said], [b.model_dump() for b in used],
-                             {"type": "tool_result", "tool_use_id": use.id, "is_error": True,
-                              "content": [{"type": "text", "text": "service down"}]}))
-    plain = count(turn(text, plain_used, {"type": "tool_result", "tool_use_id": use.id, "content": "service down"}))
+                             result([{"type": "text", "text": "service down"}])))
+    plain = count(turn(text, plain_used, result("service down")))
     assert as_returned == plain
+    failed = count(turn([b.model_dump() for b in said], [b.model_dump() for b in used],
+                        result([{"type": "text", "text": "service down"}], is_error=True)))
+    assert failed == count(turn(text, plain_used, result(ERROR_PREFIX + "service down"))) > plain
+    assert count(turn(text, plain_used, result("service down", is_error=False))) == plain
     assert count(turn(text, plain_used, {"type": "tool_result", "tool_use_id": use.id, "content": "down"})) < plain

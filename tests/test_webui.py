@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import lazy_import, need
-from tests.test_server import KEY, TINY, Server
+from tests.test_server import KEY, TINY, WAIT_S, Server, wait_until
 
 lazy_import("fastapi")
 
@@ -26,7 +26,6 @@ DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 # Where the README's screenshots are written when set (make screenshots-free runs leave docs/ alone).
 SCREENSHOTS = os.environ.get("LLOGOS_WEBUI_SCREENSHOTS")
-REPLY_S = 120   # a reply's longest wait on a busy two-core machine
 # smol's replies to requests without max_tokens (the page sends none unless set): enough to stop a
 # count part way, where a poem that ran to the end of the context took most of this file's time.
 N_PREDICT = 128
@@ -81,7 +80,7 @@ class Page:
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("request", self._request)
-        self.page.set_default_timeout(REPLY_S * 1000)
+        self.page.set_default_timeout(WAIT_S * 1000)   # a reply's longest wait
         self.page.goto(server.url + "/")
 
     def _request(self, request):
@@ -106,13 +105,6 @@ class Page:
         self.context.close()
         assert not elsewhere, elsewhere
         assert not errors, errors
-
-
-def wait_until(condition, timeout_s=REPLY_S):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -188,15 +180,34 @@ def test_a_streams_last_chunk_carries_llama_servers_timings(smol):
 # ---------------------------------------------------------------------------------------- the page
 
 def test_reply_streams_in_pieces_and_the_conversation_survives_a_reload(page):
+    """The first reply cannot end before the page has shown three different texts of it (it runs
+    until stopped), so the polling's pace does not matter; its regeneration ends by itself and
+    shows its speeds."""
     assert "512" in page.page.inner_text("#model-ctx")
+    requests = []
+
+    def first_endless(route):
+        requests.append(route.request)
+        if len(requests) == 1:
+            body = json.loads(route.request.post_data) | {"max_tokens": 1_000_000, "ignore_eos": True}
+            route.continue_(post_data=json.dumps(body))
+        else:
+            route.continue_()
+    page.page.route("**/v1/chat/completions", first_endless)
     page.send("Write a short poem about the sea.")
     seen = set()   # polled only until it has grown: each poll is two round trips to the browser
-    while page.page.is_hidden("#send") and len({s for s in seen if s.strip()}) < 3:
+
+    def grown() -> bool:
         seen.add(page.page.inner_text(".message.assistant .body"))
-        time.sleep(0.02)
+        return len({s for s in seen if s.strip()}) >= 3   # it grew in several steps
+    wait_until(grown)
+    page.page.click("#stop")
+    page.wait_idle()
+    page.page.click("text=Regenerate")
+    page.page.wait_for_selector(".message.assistant .meta:has-text('Generation:')")   # the stopped one has no speeds
     page.wait_idle()
     reply = page.replies()[0]
-    assert reply and len({s for s in seen if s.strip()}) >= 3   # it grew in several steps
+    assert reply and len(page.replies()) == 1 and len(requests) == 2
     assert re.search(r"Prompt: \d+ tokens?, [\d.]+ t/s.*Generation: \d+ tokens?, [\d.]+ t/s",
                      page.page.inner_text(".message.assistant .meta"))
     body = page.sent[0]

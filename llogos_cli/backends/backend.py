@@ -18,6 +18,14 @@ Layout = Any     # where a batch's tokens sit in the caches (batch_layout)
 KVCache = Any
 
 
+def glu_of_products(backend: "Backend", x: Array, gate: Matrix, up: Matrix, gelu: bool, norm: Array | None = None,
+                    eps: float = 0.0) -> Array:
+    """glu_matmuls out of the backend's separate ops: the products of x (normed by norm where given)
+    with gate and up, then their GLU. NumPy's whole answer, and CUDA's where no fused product applies."""
+    products = (backend.matmuls(x, [gate, up]) if norm is None
+                else backend.rmsnorm_matmuls(x, norm, eps, [gate, up]))
+    return backend.glu(*products, gelu)
+
 class Backend(Protocol):
     name: str                    # "cpu" or "cuda"
     graphs: bool                 # decode steps can be captured (capture) and replayed

@@ -33,6 +33,7 @@ _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}
 # many tokens for each, the largest that fits.
 _EFFORTS = ((16384, "high"), (4096, "medium"), (0, "low"))
 _DEFAULT_BUDGET = 4096   # thinking without a budget (adaptive): the middle effort
+ERROR_PREFIX = "Error: "   # before a failed tool call's result (is_error) in the text the model reads
 
 
 # ---------------------------------------------------------------------------------------- requests
@@ -107,12 +108,19 @@ def _chat_messages(m: api.Message, where: str) -> list[dict]:
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
         elif block.type == "tool_result" and m.role == "user":
-            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _text(block.content, where)})
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result(block, where)})
         elif block.type in ("tool_use", "tool_result"):
             raise ApiError(400, f"{where}.{j}: a {block.type} block cannot be in a {m.role} message")
     if m.role == "assistant":
         return [{"role": "assistant", "content": "\n".join(texts) or (None if calls else ""), "tool_calls": calls or None}]
     return results + ([{"role": "user", "content": "\n".join(texts)}] if texts or not results else [])
+
+
+def _result(block: api.ToolResultBlock, where: str) -> str:
+    """A tool result as the tool message's text. The chat templates carry a tool message's content
+    and nothing else, so a failed call (is_error) says so in that text: ERROR_PREFIX before it."""
+    text = _text(block.content, where)
+    return ERROR_PREFIX + text if block.is_error else text
 
 
 def _text(content: str | list, where: str = "system") -> str:

@@ -16,6 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from llogos_cli.backends import MIN_PRODUCT_ROW, ROUTES_KEPT
+from llogos_cli.backends.backend import glu_of_products
 from llogos_cli.backends.cpu.cpu_threads import CpuThreads
 from llogos_cli.backends.cpu.numpy_attention import AttentionOps, Layout
 from llogos_cli.backends.cpu.numpy_experts import ExpertOps
@@ -280,8 +281,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
 
     def glu_matmuls(self, x: np.ndarray, gate: Matrix, up: Matrix, gelu: bool, norm: np.ndarray | None = None,
                     eps: float = 0.0) -> np.ndarray:
-        products = self.matmuls(x, [gate, up]) if norm is None else self.rmsnorm_matmuls(x, norm, eps, [gate, up])
-        return self.glu(*products, gelu)
+        return glu_of_products(self, x, gate, up, gelu, norm, eps)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b

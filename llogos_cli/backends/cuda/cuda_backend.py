@@ -21,6 +21,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from llogos_cli.backends import MIN_PRODUCT_ROW
+from llogos_cli.backends.backend import glu_of_products
 from llogos_cli.backends.cuda import cuda_attention, cuda_batch, cuda_experts, cuda_ops, cuda_recurrent, cuda_rope_store
 from llogos_cli.backends.cuda.cuda_attention import KVCache
 from llogos_cli.backends.cuda.cuda_batch import Layout
@@ -195,8 +196,7 @@ class CudaBackend:
         joined, n_tok = self._joined.get((id(gate), id(up))), x.shape[0]
         if (joined is None or gate.rows != up.rows or not 0 < n_tok <= MATVEC_MAX_TOKENS
                 or self._takes_int8(n_tok, [gate, up])):
-            products = self.matmuls(x, [gate, up]) if norm is None else self.rmsnorm_matmuls(x, norm, eps, [gate, up])
-            return self.glu(*products, gelu)
+            return glu_of_products(self, x, gate, up, gelu, norm, eps)
         if norm is not None and not self._norm_fuses(x, [gate, up]):
             x, norm = self.rmsnorm(x, norm, eps), None
         y = self.xp.empty((n_tok, gate.rows), np.float32)
