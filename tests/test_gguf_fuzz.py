@@ -33,6 +33,7 @@ EXAMPLES = int(os.environ.get("LLOGOS_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, derandomize="LLOGOS_FUZZ_EXAMPLES" not in os.environ, deadline=None,
                 database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SECONDS = 10   # of this process's CPU time (all its threads), which other processes' load leaves alone
+WALL_FACTOR = 30   # a case blocked (not spinning) fails after this many times SECONDS of wall time
 FIXTURE_FILES = ["tiny-llama-f32.gguf", "tiny-llama-q8_0.gguf", "tiny-qwen2-q8_0.gguf", "tiny-qwen3-f32.gguf",
                  "tiny-qwen35-f32.gguf", "tiny-gemma3-q8_0.gguf"]
 
@@ -51,16 +52,21 @@ def case_path(tmp_path_factory) -> Path:
 
 @contextmanager
 def time_limit(seconds: int):
-    """Raises TimeoutError once the block has used `seconds` of CPU time (a hang that spins)."""
+    """Raises TimeoutError once the block has used `seconds` of CPU time (a hang that spins), or
+    WALL_FACTOR times that of wall time (one that blocks: far past any load's slowing)."""
     def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} CPU-s")
-    previous = signal.signal(signal.SIGPROF, expire)
+        raise TimeoutError(f"still running after {seconds} CPU-s" if signum == signal.SIGPROF
+                           else f"still running after {seconds * WALL_FACTOR} s")
+    previous = signal.signal(signal.SIGPROF, expire), signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.alarm(seconds * WALL_FACTOR)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
+        signal.alarm(0)
+        signal.signal(signal.SIGPROF, previous[0])
+        signal.signal(signal.SIGALRM, previous[1])
 
 
 def open_and_run(path: Path) -> None:
