@@ -37,6 +37,7 @@ from llogos_cli.backends.cuda.cuda_matmul import (
     mma_pays,
     matmul,
     matvec_glu,
+    matvec_q8_glu,
     matvec_norm,
     q8_buffers,
     quantize_q8,
@@ -191,8 +192,18 @@ class CudaBackend:
     def glu_matmuls(self, x, gate: QuantMatrix, up: QuantMatrix, gelu: bool, norm=None, eps: float = 0.0):
         """glu of x's products with gate and up, x normed by norm first where given: a few tokens'
         float products with gate and up joined (matrices()) in one launch with the GLU and, for one
-        token where rmsnorm_matmuls would, the norm (cuda_matmul.matvec_glu, the same bits)."""
+        token where rmsnorm_matmuls would, the norm (cuda_matmul.matvec_glu, the same bits). One
+        token's 8-bit products with them joined apply the GLU and quantize its output for the down
+        product in the same launch (cuda_matmul.matvec_q8_glu, the same bits)."""
         joined, n_tok = self._joined.get((id(gate), id(up))), x.shape[0]
+        if joined is not None and n_tok == 1 and gate.rows == up.rows and self._takes_int8(1, [gate, up]):
+            y8 = self._q8_for((1, gate.rows))
+            if y8 is not None:
+                x = x if norm is None else self.rmsnorm(x, norm, eps)
+                x8 = self._made_for(x) or quantize_q8(self.kernels, self._c(x))
+                y = self.xp.empty((1, gate.rows), np.float32)
+                matvec_q8_glu(self.kernels, x8, joined[0], gelu, y, y8)
+                return self._made(y, y8)
         if (joined is None or gate.rows != up.rows or not 0 < n_tok <= MATVEC_MAX_TOKENS
                 or self._takes_int8(n_tok, [gate, up])):
             products = self.matmuls(x, [gate, up]) if norm is None else self.rmsnorm_matmuls(x, norm, eps, [gate, up])

@@ -243,6 +243,24 @@ def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp_q8, a
     _launch_matvec(k, "matvec_q8", w, (w.raw, xq, xs), y, add, xq.shape[0], rows_per_warp)
 
 
+def matvec_q8_glu(k, x8: tuple, w: QuantMatrix, gelu: bool, y, y8: tuple) -> None:
+    """y (1, n) = glu(x · Gᵀ, x · Uᵀ) for w the gate and up matrices of INT8_TYPES joined (2n rows,
+    gate's first), x as quantize_q8 made it, and y8 (q8_buffers of y's shape) = quantize_q8(y), in
+    one launch (matvec_q8_glu.cu): bit for bit matvec_q8's products, then cuda_ops.glu's with x8."""
+    (xq, xs), (yq, ys) = x8, y8
+    check(xq, np.int8, "xq")
+    check(xs, np.float32, "xs")
+    check(w.raw, np.uint8, "w")
+    check(y, np.float32, "y")
+    check(yq, np.int8, "yq")
+    check(ys, np.float32, "ys")
+    n = w.rows // 2
+    assert w.qtype in INT8_TYPES and w.rows == 2 * n and n % Q8_RUN == 0 and xq.shape == (1, w.cols)
+    assert y.shape == yq.shape == (1, n) and ys.shape == (1, n // Q8_RUN, 2)
+    k.function("matvec_q8_glu", f"matvec_q8_glu_{TYPE_SUFFIX[w.qtype]}")(
+        (n // Q8_RUN,), (Q8_RUN * 32,), (w.raw, xq, xs, y, yq, ys, np.int32(w.cols), np.int32(n), np.int32(gelu)))
+
+
 def mma_rows(k, w: QuantMatrix, n_tok: int) -> int:
     """Rows a thread block of matmul_q8_mma takes: MMQ_ROWS, or half that where tiles of MMQ_ROWS
     would give the GPU fewer blocks than it has multiprocessors (small matrices, few tokens)."""
