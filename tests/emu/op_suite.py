@@ -438,6 +438,33 @@ def test_8_bit_gate_and_up_products_apply_the_glu_and_quantize_it(backend, qtype
         np.testing.assert_array_equal(host(int8, got_down), host(int8, int8.matmul(want, down)))
 
 
+@pytest.mark.parametrize("n_tok", [1, 2])
+def test_8_bit_products_of_two_types_in_one_launch(backend, n_tok, monkeypatch):
+    """With int8 products, one token's products with q and k joined in Q4_K and v in Q6_K (as
+    llama.cpp's Q4_K_M makes attn_v in half the layers) are one launch after the quantization
+    (matvec_q8_pair_q4_K_q6_K), bit for bit each product alone (matvec_q8_*); two tokens' are
+    launched apart, as before. v's 30 rows leave a thread block part-filled."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
+    int8 = CudaBackend(backend.kernels, "int8")
+    rng = np.random.default_rng(50 + n_tok)
+    cols = 512
+    raws = [random_weights(rng, QType.Q4_K, 36, cols), random_weights(rng, QType.Q4_K, 20, cols),
+            random_weights(rng, QType.Q6_K, 30, cols)]
+    ws = [*int8.matrices(raws[:2], QType.Q4_K), int8.matrix(raws[2], QType.Q6_K, matmul=True)]
+    x = int8.xp.asarray(_wide_range_activations(rng, n_tok, cols))
+    launched = len(getattr(int8.kernels, "launched", ()))
+    got = int8.matmuls(x, ws)
+    if hasattr(int8.kernels, "launched"):
+        pair = "matvec_q8_pair_q4_K_q6_K"
+        assert (int8.kernels.launched[launched:] == ["quantize_q8", pair]) == (n_tok == 1)
+        assert (pair in int8.kernels.launched[launched:]) == (n_tok == 1)
+    for g, raw, qtype in zip(got, raws, (QType.Q4_K, QType.Q4_K, QType.Q6_K)):
+        alone = int8.matmul(x, int8.matrix(raw, qtype, matmul=True))
+        assert g.shape == (n_tok, raw.shape[0])
+        np.testing.assert_array_equal(host(int8, g), host(int8, alone))
+
+
 def test_the_products_path_is_checked():
     from llogos_cli.backends.cuda.cuda_backend import choose_products
     assert choose_products("float") == "float"
