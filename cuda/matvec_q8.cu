@@ -5,7 +5,10 @@
 // matvec_q8_batch_<type>, one row a warp, each part dotted with every token's activations. Each
 // token's sum runs in the same order in all three, so a token's product does not depend on the
 // tokens beside it. The matvec_q8_add_* forms add a residual r in the epilogue, as matvec.cu's
-// matvec_add_* do.
+// matvec_add_* do. matvec_q8_pair_<A>_<B> is one token's product with two matrices of different
+// types sharing x (q and k joined in type A, v in type B, as llama.cpp's Q4_K_M makes attn_v Q6_K
+// in half the layers), their rows stacked in y: A's thread blocks first, each row summed as
+// matvec_q8_<type> sums it, in one launch instead of two.
 #include "common.cuh"
 #include "dot_q8.cuh"
 
@@ -13,8 +16,8 @@
 
 template <class Q, int R>
 __device__ void matvec_q8_rows(const u8* w, const i8* xq, const float2* xs, const float* add, float* y, int ncols,
-                               int nrows) {
-    const int row0 = (blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) * R;
+                               int nrows, int block) {
+    const int row0 = (block * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) * R;
     if (row0 >= nrows) return;
     const int lane = threadIdx.x % WARP_SIZE;
     const int nblocks = ncols / Q::QK;
@@ -66,12 +69,12 @@ __device__ void matvec_q8_tokens(const u8* w, const i8* xq, const float2* xs, co
     extern "C" __global__ void matvec_q8##form##_##type(const u8* __restrict__ w, const i8* __restrict__ xq,     \
                                                         const float2* __restrict__ xs add_param,                 \
                                                         float* __restrict__ y, int ncols, int nrows) {           \
-        matvec_q8_rows<type##_q8, 1>(w, xq, xs, add, y, ncols, nrows);                                            \
+        matvec_q8_rows<type##_q8, 1>(w, xq, xs, add, y, ncols, nrows, blockIdx.x);                                            \
     }                                                                                                             \
     extern "C" __global__ void matvec_q8##form##_rows2_##type(const u8* __restrict__ w, const i8* __restrict__ xq, \
                                                               const float2* __restrict__ xs add_param,           \
                                                               float* __restrict__ y, int ncols, int nrows) {     \
-        matvec_q8_rows<type##_q8, 2>(w, xq, xs, add, y, ncols, nrows);                                            \
+        matvec_q8_rows<type##_q8, 2>(w, xq, xs, add, y, ncols, nrows, blockIdx.x);                                            \
     }                                                                                                             \
     extern "C" __global__ void matvec_q8##form##_batch_##type(const u8* __restrict__ w, const i8* __restrict__ xq, \
                                                               const float2* __restrict__ xs add_param,           \
@@ -91,3 +94,23 @@ MATVEC_Q8(q4_0)
 MATVEC_Q8(q4_1)
 MATVEC_Q8(q4_K)
 MATVEC_Q8(q6_K)
+
+template <class QA, class QB>
+__device__ void matvec_q8_pair(const u8* wa, const u8* wb, const i8* xq, const float2* xs, float* y, int ncols,
+                               int nrows_a, int nrows_b) {
+    const int warps = blockDim.x / WARP_SIZE, blocks_a = (nrows_a + warps - 1) / warps;
+    if ((int)blockIdx.x < blocks_a)
+        matvec_q8_rows<QA, 1>(wa, xq, xs, nullptr, y, ncols, nrows_a, blockIdx.x);
+    else
+        matvec_q8_rows<QB, 1>(wb, xq, xs, nullptr, y + nrows_a, ncols, nrows_b, blockIdx.x - blocks_a);
+}
+
+#define MATVEC_Q8_PAIR(a, b)                                                                                  \
+    extern "C" __global__ void matvec_q8_pair_##a##_##b(const u8* __restrict__ wa, const u8* __restrict__ wb,  \
+                                                        const i8* __restrict__ xq, const float2* __restrict__ xs, \
+                                                        float* __restrict__ y, int ncols, int nrows_a,         \
+                                                        int nrows_b) {                                         \
+        matvec_q8_pair<a##_q8, b##_q8>(wa, wb, xq, xs, y, ncols, nrows_a, nrows_b);                            \
+    }
+
+MATVEC_Q8_PAIR(q4_K, q6_K)

@@ -59,16 +59,19 @@ def test_a_step_reads_every_layer_weight_once(bench):
 
 def test_a_q4_k_m_llama_step_with_8_bit_activations(bench, tmp_path, monkeypatch):
     """bench/synthetic.py's llama-1b in small (Q4_K_M: a Q6_K v in its last layer of 3), with the
-    8-bit products the real shape takes: the attention writes the o-projection's 8-bit input and
-    the residual adds are the products' epilogues (no quantize_q8, no add launched), q and k are
-    one product where v's type differs. 9 launches a layer, 10 in the layer whose v differs."""
+    8-bit products the real shape takes: the attention writes the o-projection's 8-bit input, the
+    gate and up product the down product's (matvec_q8_glu: no GLU launched), and the residual adds
+    are the products' epilogues (no quantize_q8, no add launched), and where v's type differs q
+    and k joined and v are still one launch (matvec_q8_pair). 8 launches a layer (before
+    matvec_q8_glu and matvec_q8_pair, 9, and 10 in the layer whose v differs)."""
     from llogos_cli.backends.cuda import cuda_matmul
     monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
     synthetic = bench._synthetic()
     spec = synthetic.Spec("tiny", 300, 256, 3, 4, 2, 512, 10000.0, tied=False, mix="q4_k_m")
     budget = bench.budget(synthetic.write_model(spec, tmp_path / "tiny.gguf"), "tiny")
-    assert not {"quantize_q8", "add_f32"} & set(budget.kernels), budget.kernels
-    assert 0 < budget.layer_launches <= 9 + 9 + 10, budget.kernels
+    assert not {"quantize_q8", "add_f32", "swiglu_q8", "swiglu_f32"} & set(budget.kernels), budget.kernels
+    assert budget.kernels["matvec_q8_glu_q4_K"] == 3 and budget.kernels["matvec_q8_pair_q4_K_q6_K"] == 1, budget.kernels
+    assert 0 < budget.layer_launches <= 8 + 8 + 8, budget.kernels
 
 
 def test_a_small_model_s_layer_norms_and_gates_inside_its_products(bench, tmp_path):

@@ -401,6 +401,70 @@ def test_gate_and_up_products_apply_the_glu(backend, qtype, gelu):
                 assert np.all(np.abs(got - want) <= bound), (n_tok, normed)
 
 
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.INT8_TYPES, key=int), ids=lambda t: t.name)
+@pytest.mark.parametrize("gelu", [False, True], ids=["swiglu", "geglu"])
+def test_8_bit_gate_and_up_products_apply_the_glu_and_quantize_it(backend, qtype, gelu, monkeypatch):
+    """With int8 products, one token's glu_matmuls with gate and up joined is one launch after the
+    norm's or the input's quantization (matvec_q8_glu_*): bit for bit the products apart
+    (matvec_q8_*) and the GLU after them (swiglu_q8, geglu_q8), its 8-bit form included, which
+    the down product then takes as it is (no quantize_q8)."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
+    int8 = CudaBackend(backend.kernels, "int8")
+    rng = np.random.default_rng(int(qtype) + 40 + gelu)
+    cols, n, suffix = (512 if GGML_QUANT_SIZES[qtype][0] == 256 else 160), 96, cuda_matmul.TYPE_SUFFIX[qtype]
+    raws = [random_weights(rng, qtype, n, cols) for _ in range(2)]
+    joined, apart = int8.matrices(raws, qtype), [int8.matrix(raw, qtype, matmul=True) for raw in raws]
+    down = int8.matrix(random_weights(rng, QType.Q8_0, 8, n), QType.Q8_0, matmul=True)
+    norm = int8.xp.asarray(rng.uniform(0.5, 2.0, cols).astype(np.float32))
+    emulated = hasattr(int8.kernels, "launched")
+    for normed in (False, True):
+        x = int8.xp.asarray(_wide_range_activations(rng, 1, cols) / (1e3 if gelu else 1))
+        nw = norm if normed else None
+        launched = len(getattr(int8.kernels, "launched", ()))
+        got = int8.glu_matmuls(x, *joined, gelu, nw, 1e-6)
+        got8 = int8._x8[1]
+        got_down = int8.matmul(got, down)
+        if emulated:
+            assert int8.kernels.launched[launched:] == [
+                "rmsnorm_q8" if normed else "quantize_q8", f"matvec_q8_glu_{suffix}", "matvec_q8_q8_0"]
+        launched = len(getattr(int8.kernels, "launched", ()))
+        want = int8.glu_matmuls(x, *apart, gelu, nw, 1e-6)
+        if emulated:
+            assert int8.kernels.launched[launched:][-1] == f"{'geglu' if gelu else 'swiglu'}_q8"
+        np.testing.assert_array_equal(host(int8, got), host(int8, want))
+        for fused, unfused in zip(got8, int8._x8[1]):
+            np.testing.assert_array_equal(host(int8, fused), host(int8, unfused))
+        np.testing.assert_array_equal(host(int8, got_down), host(int8, int8.matmul(want, down)))
+
+
+@pytest.mark.parametrize("n_tok", [1, 2])
+def test_8_bit_products_of_two_types_in_one_launch(backend, n_tok, monkeypatch):
+    """With int8 products, one token's products with q and k joined in Q4_K and v in Q6_K (as
+    llama.cpp's Q4_K_M makes attn_v in half the layers) are one launch after the quantization
+    (matvec_q8_pair_q4_K_q6_K), bit for bit each product alone (matvec_q8_*); two tokens' are
+    launched apart, as before. v's 30 rows leave a thread block part-filled."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    monkeypatch.setattr(cuda_matmul, "INT8_MIN_BYTES", 0)
+    int8 = CudaBackend(backend.kernels, "int8")
+    rng = np.random.default_rng(50 + n_tok)
+    cols = 512
+    raws = [random_weights(rng, QType.Q4_K, 36, cols), random_weights(rng, QType.Q4_K, 20, cols),
+            random_weights(rng, QType.Q6_K, 30, cols)]
+    ws = [*int8.matrices(raws[:2], QType.Q4_K), int8.matrix(raws[2], QType.Q6_K, matmul=True)]
+    x = int8.xp.asarray(_wide_range_activations(rng, n_tok, cols))
+    launched = len(getattr(int8.kernels, "launched", ()))
+    got = int8.matmuls(x, ws)
+    if hasattr(int8.kernels, "launched"):
+        pair = "matvec_q8_pair_q4_K_q6_K"
+        assert (int8.kernels.launched[launched:] == ["quantize_q8", pair]) == (n_tok == 1)
+        assert (pair in int8.kernels.launched[launched:]) == (n_tok == 1)
+    for g, raw, qtype in zip(got, raws, (QType.Q4_K, QType.Q4_K, QType.Q6_K)):
+        alone = int8.matmul(x, int8.matrix(raw, qtype, matmul=True))
+        assert g.shape == (n_tok, raw.shape[0])
+        np.testing.assert_array_equal(host(int8, g), host(int8, alone))
+
+
 def test_the_products_path_is_checked():
     from llogos_cli.backends.cuda.cuda_backend import choose_products
     assert choose_products("float") == "float"

@@ -36,8 +36,11 @@ from llogos_cli.backends.cuda.cuda_matmul import (
     int8_pays,
     launch_bound,
     mma_pays,
+    pair_q8,
     matmul,
     matvec_glu,
+    matvec_q8_glu,
+    matvec_q8_pair,
     matvec_norm,
     q8_buffers,
     quantize_q8,
@@ -170,11 +173,22 @@ class CudaBackend:
         if self._takes_int8(x.shape[0], ws):
             x8 = made if made is not None else quantize_q8(self.kernels, x)
         assert add is None or len(ws) == 1
-        ys = []
-        for w, firsts in self._products(ws, x.shape[0] == 1):
+        products, ys = self._products(ws, x.shape[0] == 1), []
+        if x8 is not None and x.shape[0] == 1 and len(products) == 2 and pair_q8(products[0][0], products[1][0]):
+            return self._pair_q8(x8, products)
+        for w, firsts in products:
             y = matmul(self.kernels, x, w, self._scratch, x8, add)
             ys += [y] if firsts is None else [y[:, a:b] for a, b in zip(firsts, firsts[1:])]
         return ys
+
+    def _pair_q8(self, x8, products: list) -> list:
+        """One token's 8-bit products with two matrices of different types (q and k joined, v; each
+        with its first rows as _products gives them) in one launch (cuda_matmul.matvec_q8_pair)."""
+        (a, firsts_a), (b, firsts_b) = products
+        y = self.xp.empty((1, a.rows + b.rows), np.float32)
+        matvec_q8_pair(self.kernels, x8, a, b, y)
+        bounds = (firsts_a or [0, a.rows]) + [a.rows + first for first in (firsts_b or [0, b.rows])[1:]]
+        return [y[:, lo:hi] for lo, hi in zip(bounds, bounds[1:])]
 
     def rmsnorm_matmuls(self, x, norm, eps: float, ws: list[QuantMatrix]) -> list:
         """matmuls(rmsnorm(x, norm, eps), ws): one token's launch-bound float products normalize x
@@ -192,8 +206,18 @@ class CudaBackend:
     def glu_matmuls(self, x, gate: QuantMatrix, up: QuantMatrix, gelu: bool, norm=None, eps: float = 0.0):
         """glu of x's products with gate and up, x normed by norm first where given: a few tokens'
         float products with gate and up joined (matrices()) in one launch with the GLU and, for one
-        token where rmsnorm_matmuls would, the norm (cuda_matmul.matvec_glu, the same bits)."""
+        token where rmsnorm_matmuls would, the norm (cuda_matmul.matvec_glu, the same bits). One
+        token's 8-bit products with them joined apply the GLU and quantize its output for the down
+        product in the same launch (cuda_matmul.matvec_q8_glu, the same bits)."""
         joined, n_tok = self._joined.get((id(gate), id(up))), x.shape[0]
+        if joined is not None and n_tok == 1 and gate.rows == up.rows and self._takes_int8(1, [gate, up]):
+            y8 = self._q8_for((1, gate.rows))
+            if y8 is not None:
+                x = x if norm is None else self.rmsnorm(x, norm, eps)
+                x8 = self._made_for(x) or quantize_q8(self.kernels, self._c(x))
+                y = self.xp.empty((1, gate.rows), np.float32)
+                matvec_q8_glu(self.kernels, x8, joined[0], gelu, y, y8)
+                return self._made(y, y8)
         if (joined is None or gate.rows != up.rows or not 0 < n_tok <= MATVEC_MAX_TOKENS
                 or self._takes_int8(n_tok, [gate, up])):
             return glu_of_products(self, x, gate, up, gelu, norm, eps)

@@ -35,6 +35,9 @@ MATVEC_ROWS2_MIN = 4096
 # Few-token products of these types can multiply 8-bit activations (matvec_q8.cu, dot_q8.cuh).
 INT8_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
 Q8_RUN = 32              # activations quantized per run of this many, each with its step and sum
+# One token's 8-bit products with two matrices of these types (first, second) sharing an input run
+# in one launch (matvec_q8_pair): q and k beside a v of more bits, as in llama.cpp's Q4_K_M.
+INT8_PAIR_TYPES = frozenset({(QType.Q4_K, QType.Q6_K)})
 # Products that share an input take 8-bit activations only when one of their matrices is this
 # big: below, launch latency bounds them and quantizing costs a launch for nothing (PERF.md, CUDA).
 INT8_MIN_BYTES = 1 << 20
@@ -241,6 +244,47 @@ def matvec_q8(k, x8: tuple, w: QuantMatrix, y, rows_per_warp=rows_per_warp_q8, a
     check(xs, np.float32, "xs")
     assert w.qtype in INT8_TYPES and xq.shape[1] == w.cols
     _launch_matvec(k, "matvec_q8", w, (w.raw, xq, xs), y, add, xq.shape[0], rows_per_warp)
+
+
+def pair_q8(a: QuantMatrix, b: QuantMatrix) -> bool:
+    """Whether one token's 8-bit products with a and b can be one matvec_q8_pair launch: types of
+    INT8_PAIR_TYPES, each taking one row a warp alone (rows_per_warp_q8), b's first output 16-byte
+    aligned (a's rows a multiple of 4, as joined matrices' are)."""
+    return ((a.qtype, b.qtype) in INT8_PAIR_TYPES and a.cols == b.cols and a.rows % 4 == 0
+            and rows_per_warp_q8(a) == rows_per_warp_q8(b) == 1)
+
+
+def matvec_q8_pair(k, x8: tuple, a: QuantMatrix, b: QuantMatrix, y) -> None:
+    """y (1, a.rows + b.rows) = x · [A; B]ᵀ for a and b as pair_q8 takes them, x as quantize_q8 made
+    it, in one launch: bit for bit matvec_q8's two products side by side."""
+    xq, xs = x8
+    check(xq, np.int8, "xq")
+    check(xs, np.float32, "xs")
+    check(a.raw, np.uint8, "a")
+    check(b.raw, np.uint8, "b")
+    check(y, np.float32, "y")
+    assert pair_q8(a, b) and xq.shape == (1, a.cols) and y.shape == (1, a.rows + b.rows)
+    k.function("matvec_q8", f"matvec_q8_pair_{TYPE_SUFFIX[a.qtype]}_{TYPE_SUFFIX[b.qtype]}")(
+        (cdiv(a.rows, MATVEC_WARPS) + cdiv(b.rows, MATVEC_WARPS),), (MATVEC_WARPS * 32,),
+        (a.raw, b.raw, xq, xs, y, np.int32(a.cols), np.int32(a.rows), np.int32(b.rows)))
+
+
+def matvec_q8_glu(k, x8: tuple, w: QuantMatrix, gelu: bool, y, y8: tuple) -> None:
+    """y (1, n) = glu(x · Gᵀ, x · Uᵀ) for w the gate and up matrices of INT8_TYPES joined (2n rows,
+    gate's first), x as quantize_q8 made it, and y8 (q8_buffers of y's shape) = quantize_q8(y), in
+    one launch (matvec_q8_glu.cu): bit for bit matvec_q8's products, then cuda_ops.glu's with x8."""
+    (xq, xs), (yq, ys) = x8, y8
+    check(xq, np.int8, "xq")
+    check(xs, np.float32, "xs")
+    check(w.raw, np.uint8, "w")
+    check(y, np.float32, "y")
+    check(yq, np.int8, "yq")
+    check(ys, np.float32, "ys")
+    n = w.rows // 2
+    assert w.qtype in INT8_TYPES and w.rows == 2 * n and n % Q8_RUN == 0 and xq.shape == (1, w.cols)
+    assert y.shape == yq.shape == (1, n) and ys.shape == (1, n // Q8_RUN, 2)
+    k.function("matvec_q8_glu", f"matvec_q8_glu_{TYPE_SUFFIX[w.qtype]}")(
+        (n // Q8_RUN,), (Q8_RUN * 32,), (w.raw, xq, xs, y, yq, ys, np.int32(w.cols), np.int32(n), np.int32(gelu)))
 
 
 def mma_rows(k, w: QuantMatrix, n_tok: int) -> int:
