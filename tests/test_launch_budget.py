@@ -85,8 +85,9 @@ def test_a_small_model_s_layer_norms_and_gates_inside_its_products(bench, tmp_pa
 
 
 def test_a_short_prompt_s_gate_and_up_apply_the_glu(bench, tmp_path):
-    """A 5-token prompt on the smollm2-135m shape (one layer; a prompt is not graph-captured, so its
-    launches are its time to first token on the host): gate and up in one product with the GLU
+    """A 5-token prompt on the smollm2-135m shape run eagerly (one layer; as the first request of a
+    size, a longer prompt, or a recurrent model's, before the engine's rows through the decode graph
+    take it): gate and up in one product with the GLU
     (matvec_glu_batch), 10 launches in the layer, 3 outside (lookup, output norm, LM head)."""
     import dataclasses
     import numpy as np
