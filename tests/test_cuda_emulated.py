@@ -192,6 +192,25 @@ def test_split_attention_rule(backend):
     assert split(backend.paged_kv_cache(tables, 8, 16, 8, 64, 64, "f16", "f16"), 1, 32) > 1
 
 
+def test_flash_attention_rule(backend, kernels):
+    """Which prompt runs attention_flash takes, decided by flash_takes alone: causal runs of
+    FLASH_MIN_TOKENS or more from caches of FLASH_TYPES with one head size of FLASH_HEAD_DIMS and
+    KV groups a block holds; a kernel for each such pair and size, and no other."""
+    takes, n = cuda_attention.flash_takes, cuda_attention.FLASH_MIN_TOKENS
+    assert sorted(kernels.modules["attention_flash"]) == sorted(
+        f"attention_flash_{tk}_{tv}_d{d}" for tk, tv in cuda_attention.FLASH_TYPES for d in cuda_attention.FLASH_HEAD_DIMS)
+    for d in cuda_attention.FLASH_HEAD_DIMS:
+        for tk, tv in cuda_attention.FLASH_TYPES:
+            assert takes(backend.kv_cache(1, 8, 2, d, d, tk, tv), n, 16, True)
+    f16 = backend.kv_cache(1, 8, 2, 64, 64, "f16", "f16")
+    assert not takes(f16, n - 1, 16, True)                            # shorter runs
+    assert not takes(f16, n, 16, False)                               # an encoder's runs
+    assert not takes(f16, n, 2 * (cuda_attention.FLASH_ROWS + 1), True)   # a group wider than a block
+    for tk, tv, dk, dv in (("f32", "f32", 64, 64), ("f16", "f32", 64, 64), ("q4_0", "f16", 64, 64),
+                           ("f16", "f16", 96, 96), ("f16", "f16", 64, 32)):
+        assert not takes(backend.kv_cache(1, 8, 2, dk, dv, tk, tv), n, 16, True), (tk, tv, dk, dv)
+
+
 def test_quantized_weights_stay_quantized(backend):
     raw = random_weights(np.random.default_rng(4), QType.Q4_K, 8, 256)
     w = backend.matrix(raw, QType.Q4_K, matmul=True)
