@@ -937,21 +937,23 @@ def _f16_attention_bound(q, keys, values, scale: float, n_keys: int) -> np.ndarr
 @pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "iq4_nl")])
 @pytest.mark.parametrize("window, softcap, sinks", [(0, 0.0, False), (7, 0.0, False), (0, 1.0, True)],
                          ids=["causal", "window", "softcap-sinks"])
-def test_long_prompts_multiply_in_f16_within_the_float_bound(backend, type_k, type_v, window, softcap, sinks,
+@pytest.mark.parametrize("n_head", [6, 2], ids=["gqa", "mha"])
+def test_long_prompts_multiply_in_f16_within_the_float_bound(backend, type_k, type_v, window, softcap, sinks, n_head,
                                                               monkeypatch):
     """Runs of F16_MIN_TOKENS or more (here 17) from caches not of f32 rows take f16 tensor-core
-    products; each output within _f16_attention_bound of the NumPy backend's float32 one."""
+    products; each output within _f16_attention_bound of the NumPy backend's float32 one. With
+    one head a KV group (mha), a chunk's queries are a strided view of q, and stay one for f16."""
     monkeypatch.setattr(cuda_attention, "QUERY_CHUNK", 8)
     monkeypatch.setattr(cuda_attention, "F16_MIN_TOKENS", cuda_attention.FUSED_MAX_TOKENS + 1)
     f16 = _count_f16_gemms(backend, monkeypatch)
     rng = np.random.default_rng(window + len(type_k))
-    n_slots, n_ctx, n_kv, n_head, dk, dv = 5, 64, 2, 6, 64, 32
+    n_slots, n_ctx, n_kv, dk, dv = 5, 64, 2, 64, 32
     caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
     runs = ATTENTION_BATCHES["long runs"]
     _store(backend, caches, rng, [(slot, 0, n) for slot, n in HISTORY.items() if n], n_kv, dk, dv)
     cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
     q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
-    sink = np.array([3.0, -1.0, 0.5, 2.0, 0.0, 1.0], np.float32) if sinks else None
+    sink = np.array([3.0, -1.0, 0.5, 2.0, 0.0, 1.0][:n_head], np.float32) if sinks else None
     want = CPU.attention(q, caches[0], cpu_layout, 0.125, window, softcap, sink)
     got = host(backend, backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window, softcap,
                                           None if sink is None else backend.xp.asarray(sink)))

@@ -352,7 +352,7 @@ def _products_f16(k, qc, keys, values, lengths, window: int, scale: float, softc
     xp = k.xp
     n_kv, n_rows, _ = qc.shape
     n, dv = keys.shape[1], values.shape[2]
-    q16 = (qc * np.float32(scale)).astype(np.float16)
+    q16 = (qc * np.float32(scale)).astype(np.float16, order="C")   # qc: a strided view of q where a group is one head
     scores = xp.empty((n_kv, n_rows, n), np.float32)
     for h in range(n_kv):
         k.gemm_f16(q16[h], xp.ascontiguousarray(keys[h]), scores[h])
