@@ -12,7 +12,7 @@
 // [max(0, pos0 + t + 1 - window), pos0 + t + 1) (window 0: from 0). The queries are scaled, then
 // rounded to f16, in registers as the products' A fragments for the whole run. Each tile's keys
 // and values are decoded from their stored type to f16 in shared memory (values transposed, so a
-// B fragment's pair of keys is one 32-bit load). Scores past a row's span are -inf; soft-capping
+// B fragment's pair of keys is one 32-bit word). Scores past a row's span are -inf; soft-capping
 // (Gemma 2) applies to the rest, and with has_sinks, head h's sinks[h] joins each softmax's
 // denominator at the end (gpt-oss).
 //
@@ -32,8 +32,10 @@ __device__ void attention_flash(const float* q, const u8* k_cache, const u8* v_c
                                 int n_tok, int n_head, float scale, int window, float softcap, const float* sinks,
                                 int has_sinks, kv_where where) {
     static_assert(D % 16 == 0, "whole k16 steps of Q Kᵀ");
-    __shared__ u16 k_s[FLASH_KEYS][D + 8];   // the tile's keys, f16; +8: rows apart in the banks
-    __shared__ u16 vt_s[D][FLASH_KEYS + 8];  // its values transposed
+    // Halves in pairs, 32-bit aligned: the tile's keys (pairs along the head), its values
+    // transposed (pairs along the keys); + 4 words a row: a fragment's 8 rows in other banks.
+    __shared__ u32 k_s[FLASH_KEYS][D / 2 + 4];
+    __shared__ u32 vt_s[D][FLASH_KEYS / 2 + 4];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, g = lane / 4, tg = lane % 4;
     const int kv = blockIdx.y, group = n_head / where.n_kv, per_block = FLASH_ROWS / group;
     const int t_first = blockIdx.x * per_block, t_last = min(n_tok, t_first + per_block) - 1;
@@ -62,18 +64,25 @@ __device__ void attention_flash(const float* q, const u8* k_cache, const u8* v_c
     const i64 k_row = K::row_bytes(D), v_row = V::row_bytes(D);
     for (int k0 = first_key / FLASH_KEYS * FLASH_KEYS; k0 < end_key; k0 += FLASH_KEYS) {
         __syncthreads();  // every warp is done with the last tile
-        for (int i = threadIdx.x; i < FLASH_KEYS * D / 4; i += blockDim.x) {
-            const int j = i / (D / 4), e = 4 * (i % (D / 4)), p = k0 + j;
-            float4 kx = {0.0f, 0.0f, 0.0f, 0.0f}, vx = kx;
-            if (p >= first_key && p < end_key) {  // no row sees the others: zeros, not whatever the cache holds
-                const i64 row = where.row(slot, kv, p);
-                kx = K::load4(k_cache + row * k_row, e);
-                vx = V::load4(v_cache + row * v_row, e);
+        for (int i = threadIdx.x; i < FLASH_KEYS / 2 * D / 4; i += blockDim.x) {  // 2 keys x 4 elements each
+            const int m = i / (D / 4), e = 4 * (i % (D / 4));
+            float4 kx[2], vx[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int p = k0 + 2 * m + c;
+                kx[c] = vx[c] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+                if (p >= first_key && p < end_key) {  // no row sees the others: zeros, not whatever the cache holds
+                    const i64 row = where.row(slot, kv, p);
+                    kx[c] = K::load4(k_cache + row * k_row, e);
+                    vx[c] = V::load4(v_cache + row * v_row, e);
+                }
+                k_s[2 * m + c][e / 2] = pack_f16x2(kx[c].x, kx[c].y);
+                k_s[2 * m + c][e / 2 + 1] = pack_f16x2(kx[c].z, kx[c].w);
             }
-            k_s[j][e] = f32_to_f16(kx.x); k_s[j][e + 1] = f32_to_f16(kx.y);
-            k_s[j][e + 2] = f32_to_f16(kx.z); k_s[j][e + 3] = f32_to_f16(kx.w);
-            vt_s[e][j] = f32_to_f16(vx.x); vt_s[e + 1][j] = f32_to_f16(vx.y);
-            vt_s[e + 2][j] = f32_to_f16(vx.z); vt_s[e + 3][j] = f32_to_f16(vx.w);
+            vt_s[e][m] = pack_f16x2(vx[0].x, vx[1].x);
+            vt_s[e + 1][m] = pack_f16x2(vx[0].y, vx[1].y);
+            vt_s[e + 2][m] = pack_f16x2(vx[0].z, vx[1].z);
+            vt_s[e + 3][m] = pack_f16x2(vx[0].w, vx[1].w);
         }
         __syncthreads();
 
@@ -82,8 +91,7 @@ __device__ void attention_flash(const float* q, const u8* k_cache, const u8* v_c
         for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
             for (int n = 0; n < FLASH_KEYS / 8; n++) {
-                const u32 b[2] = {*(const u32*)&k_s[8 * n + g][16 * kk + 2 * tg],
-                                  *(const u32*)&k_s[8 * n + g][16 * kk + 8 + 2 * tg]};
+                const u32 b[2] = {k_s[8 * n + g][8 * kk + tg], k_s[8 * n + g][8 * kk + 4 + tg]};
                 mma_f16_16x8x16(s[n], qf[kk], b);
             }
 
@@ -128,8 +136,7 @@ __device__ void attention_flash(const float* q, const u8* k_cache, const u8* v_c
                               pack_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int j = 0; j < D / 8; j++) {
-                const u32 b[2] = {*(const u32*)&vt_s[8 * j + g][16 * kk + 2 * tg],
-                                  *(const u32*)&vt_s[8 * j + g][16 * kk + 8 + 2 * tg]};
+                const u32 b[2] = {vt_s[8 * j + g][8 * kk + tg], vt_s[8 * j + g][8 * kk + 4 + tg]};
                 mma_f16_16x8x16(o[j], a, b);
             }
         }
