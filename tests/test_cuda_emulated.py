@@ -239,6 +239,26 @@ def test_bench_models_load_and_run(backend, tmp_path, mix, hybrid, types):
     assert relative(got, want) < 2e-5
 
 
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])
+def test_a_model_s_prompt_through_the_flash_kernel(backend, tmp_path, cache, monkeypatch):
+    """A prompt of 40 tokens (flash from 17 here) of a model with heads of 64 in groups of 2: every
+    layer's attention one attention_flash launch; the logits within the f16 attention's 3e-3 of
+    their range of the NumPy backend's (1e-2 from q8_0 caches: test_long_prompt_attention_in_f16's
+    bounds; measured 5.9e-4 with f16, as the f16 GEMM path's 5.9e-4)."""
+    bench = load_bench()
+    spec = bench.Spec("tiny", 300, 256, 2, 4, 2, 512, 10000.0, tied=False, mix="q4_1")
+    f = GGUFFile(bench.write_model(spec, tmp_path / "tiny.gguf"))
+    cpu, gpu = Model(f, CPU), Model(f, backend)
+    ids = np.arange(40, dtype=np.int32) * 7 % spec.n_vocab
+    monkeypatch.setattr(cuda_attention, "FLASH_MIN_TOKENS", FUSED_MAX_TOKENS + 1)
+    launched = len(backend.kernels.launched)
+    got = backend.to_host(gpu.forward_seq(gpu.new_context(64, cache, cache), ids, all_logits=True))
+    assert backend.kernels.launched[launched:].count(f"attention_flash_{cache}_{cache}_d64") == spec.n_layer
+    want = cpu.forward_seq(cpu.new_context(64, cache, cache), ids, all_logits=True)
+    assert relative(got, want) < {"f16": 3e-3, "q8_0": 1e-2}[cache]
+    assert np.mean(got.argmax(1) == want.argmax(1)) > 0.9
+
+
 def test_q_and_k_load_together_where_only_v_s_type_differs(backend, tmp_path):
     """Q4_K_M's layers with a Q6_K v: q and k are one matrix on the device (one launch for both
     in a decode step), v its own; the layers whose three share a type keep one for all three."""
