@@ -21,7 +21,8 @@
 #                    (prefill_step_ms), decode, and batches of 1 and 16 sequences
 #       longctx      a prompt of 8192 tokens and decode at depth 8192 (bench/bench_longctx.py), beside
 #                    llama-bench -p 8192 -n 0 and -p 0 -n 32 -d 8192, -fa 1 (LONG_MODELS; default
-#                    llama-1b,llama-8b)
+#                    llama-1b,llama-8b); the prompt's attention both in the flash kernel and in the
+#                    GEMM path
 #       nsys         one decode step (graph replay and eager) of each NSYS_MODELS shape (default
 #                    smollm2-135m,llama-1b) under Nsight Systems (bench/profile_decode.py): its
 #                    per-kernel summary in nsys-<shape>.txt
@@ -31,7 +32,8 @@
 #                    and shape at 512 and 64 tokens (bench/bench_prefill.py); then PREFILL_MODELS
 #                    (default smollm2-135m,llama-1b,llama-8b) beside llama.cpp with batches of 64, and
 #                    again with float32 activations (LLOGOS_CUDA_PRODUCTS=float: the f16 GEMM path) as
-#                    the same-machine baseline
+#                    the same-machine baseline; then a 512-token prompt alone, its attention in the
+#                    flash kernel and in the GEMM path, beside llama-bench -p 512 -n 0 -fa 1
 #       real         the SmolLM2 tests of tests/test_cuda_gpu.py, once its parts are assembled
 #       embeddings   the encoder ops and embeddings of tests/test_cuda_gpu.py (emu/encoder_suite.py,
 #                    llogos embed and serve's /v1/embeddings with --backend cuda) on the embedding fixtures
@@ -237,6 +239,10 @@ prefill() {
     bench prefill "$models" --batch-sizes 64
     LLOGOS_CUDA_PRODUCTS=float step prefill-f16 "$PYTHON" bench/bench_cuda.py --models "$models" --dir "$MODELS_DIR" \
         --batch-sizes 64 --json "$OUT/prefill-f16.json" 2>&1 | tee "$OUT/prefill-f16.log"
+    llama_tools
+    # Its table joins prefill-f16.log: a call brings back 8 files at most.
+    step prefill-attention "$PYTHON" bench/bench_longctx.py --models "$models" --llama-cpp --depth 512 --prefill-only \
+        --dir "$MODELS_DIR" 2>&1 | tee -a "$OUT/prefill-f16.log"
 }
 
 STAGES="tests|bench-small|bench-8b|bench-moe|bench-float|longctx|nsys|prefill|real|embeddings"

@@ -38,10 +38,19 @@ def single(path, n_prompt: int, n_gen: int, n_first: int, reps: int = 3) -> dict
 def long_context(path, depth: int, n_gen: int, reps: int = 2) -> dict:
     """{"prefill_tok_s", "decode_tok_s"}: a depth-token prompt (llama-bench -p DEPTH -n 0) and n_gen
     tokens decoded after depth cached ones (-p 0 -n N_GEN -d DEPTH), flash attention on."""
-    base = ["llama-bench", "-m", str(path), "-ngl", "99", "-fa", "1", "-r", str(reps), "-o", "json"]
-    prefill = json.loads(_run([*base, "-p", str(depth), "-n", "0"])[0])[0]
-    decode = json.loads(_run([*base, "-p", "0", "-n", str(n_gen), "-d", str(depth)])[0])[0]
-    return {"prefill_tok_s": prefill["avg_ts"], "decode_tok_s": decode["avg_ts"], "build": prefill.get("build_commit")}
+    prefill = prompt(path, depth, reps)
+    decode = json.loads(_run([*_bench_fa(path, reps), "-p", "0", "-n", str(n_gen), "-d", str(depth)])[0])[0]
+    return {**prefill, "decode_tok_s": decode["avg_ts"]}
+
+
+def prompt(path, n_prompt: int, reps: int = 2) -> dict:
+    """{"prefill_tok_s", "build"}: an n_prompt-token prompt alone (llama-bench -p N -n 0), flash attention on."""
+    prefill = json.loads(_run([*_bench_fa(path, reps), "-p", str(n_prompt), "-n", "0"])[0])[0]
+    return {"prefill_tok_s": prefill["avg_ts"], "build": prefill.get("build_commit")}
+
+
+def _bench_fa(path, reps: int) -> list[str]:
+    return ["llama-bench", "-m", str(path), "-ngl", "99", "-fa", "1", "-r", str(reps), "-o", "json"]
 
 
 def batched(path, n_prompt: int, n_gen: int, batch_sizes: list[int]) -> list[dict]:

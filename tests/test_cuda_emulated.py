@@ -216,6 +216,25 @@ def test_split_attention_rule(backend):
     assert split(backend.paged_kv_cache(tables, 8, 16, 8, 64, 64, "f16", "f16"), 1, 32) > 1
 
 
+def test_flash_attention_rule(backend, kernels):
+    """Which prompt runs attention_flash takes, decided by flash_takes alone: causal runs of
+    FLASH_MIN_TOKENS or more from caches of FLASH_TYPES with one head size of FLASH_HEAD_DIMS and
+    KV groups a block holds; a kernel for each such pair and size, and no other."""
+    takes, n = cuda_attention.flash_takes, cuda_attention.FLASH_MIN_TOKENS
+    assert sorted(kernels.modules["attention_flash"]) == sorted(
+        f"attention_flash_{tk}_{tv}_d{d}" for tk, tv in cuda_attention.FLASH_TYPES for d in cuda_attention.FLASH_HEAD_DIMS)
+    for d in cuda_attention.FLASH_HEAD_DIMS:
+        for tk, tv in cuda_attention.FLASH_TYPES:
+            assert takes(backend.kv_cache(1, 8, 2, d, d, tk, tv), n, 16, True)
+    f16 = backend.kv_cache(1, 8, 2, 64, 64, "f16", "f16")
+    assert not takes(f16, n - 1, 16, True)                            # shorter runs
+    assert not takes(f16, n, 16, False)                               # an encoder's runs
+    assert not takes(f16, n, 2 * (cuda_attention.FLASH_ROWS + 1), True)   # a group wider than a block
+    for tk, tv, dk, dv in (("f32", "f32", 64, 64), ("f16", "f32", 64, 64), ("q4_0", "f16", 64, 64),
+                           ("f16", "f16", 96, 96), ("f16", "f16", 64, 32)):
+        assert not takes(backend.kv_cache(1, 8, 2, dk, dv, tk, tv), n, 16, True), (tk, tv, dk, dv)
+
+
 def test_quantized_weights_stay_quantized(backend):
     raw = random_weights(np.random.default_rng(4), QType.Q4_K, 8, 256)
     w = backend.matrix(raw, QType.Q4_K, matmul=True)
@@ -242,6 +261,26 @@ def test_bench_models_load_and_run(backend, tmp_path, mix, hybrid, types):
     got = backend.to_host(gpu.forward_seq(gpu.new_context(16, "f32", "f32"), ids, all_logits=True))
     assert np.all(np.isfinite(want)) and np.abs(want).max() > 1e-3
     assert relative(got, want) < 2e-5
+
+
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])
+def test_a_model_s_prompt_through_the_flash_kernel(backend, tmp_path, cache, monkeypatch):
+    """A prompt of 40 tokens (flash from 17 here) of a model with heads of 64 in groups of 2: every
+    layer's attention one attention_flash launch; the logits within the f16 attention's 3e-3 of
+    their range of the NumPy backend's (1e-2 from q8_0 caches: test_long_prompt_attention_in_f16's
+    bounds; measured 5.9e-4 with f16, as the f16 GEMM path's 5.9e-4)."""
+    bench = load_bench()
+    spec = bench.Spec("tiny", 300, 256, 2, 4, 2, 512, 10000.0, tied=False, mix="q4_1")
+    f = GGUFFile(bench.write_model(spec, tmp_path / "tiny.gguf"))
+    cpu, gpu = Model(f, CPU), Model(f, backend)
+    ids = np.arange(40, dtype=np.int32) * 7 % spec.n_vocab
+    monkeypatch.setattr(cuda_attention, "FLASH_MIN_TOKENS", FUSED_MAX_TOKENS + 1)
+    launched = len(backend.kernels.launched)
+    got = backend.to_host(gpu.forward_seq(gpu.new_context(64, cache, cache), ids, all_logits=True))
+    assert backend.kernels.launched[launched:].count(f"attention_flash_{cache}_{cache}_d64") == spec.n_layer
+    want = cpu.forward_seq(cpu.new_context(64, cache, cache), ids, all_logits=True)
+    assert relative(got, want) < {"f16": 3e-3, "q8_0": 1e-2}[cache]
+    assert np.mean(got.argmax(1) == want.argmax(1)) > 0.9
 
 
 def test_q_and_k_load_together_where_only_v_s_type_differs(backend, tmp_path):

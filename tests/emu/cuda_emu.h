@@ -111,29 +111,61 @@ inline unsigned short f32_to_f16(float f) {
     return (unsigned short)(sign | ((rounded - (112u << 23)) >> 13));
 }
 
+// Publishes this lane's fragments of a warp's mma (a[0..3], b[0..1]) and returns its warp's
+// [lane][a[0..3], b[0..1]] once every lane's are in; valid until the caller's closing exchange.
+inline unsigned (*emu_mma_fragments(const unsigned a[4], const unsigned b[2]))[6] {
+    static unsigned frags[32][32][6];  // [warp][lane]
+    const uint3& t = emu::thread_idx();
+    const int warp = (int)((t.z * emu::block_dim.y + t.y) * emu::block_dim.x + t.x) / 32, lane = emu::lane();
+    for (int i = 0; i < 4; i++) frags[warp][lane][i] = a[i];
+    for (int i = 0; i < 2; i++) frags[warp][lane][4 + i] = b[i];
+    emu::exchange(0, lane);
+    return frags[warp];
+}
+
 // PTX mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 for a whole warp (cuda/mma_s8.cuh): each lane
 // publishes its fragments, and each lane's four sums take the rows of A and columns of B from
 // the lanes that PTX's fragment layout puts them in, so a kernel that fills fragments wrongly
 // gets wrong sums here as on a GPU. The exchanges are warp barriers around the fragments' buffer.
 inline void mma_s8_16x8x32(int c[4], const unsigned a[4], const unsigned b[2]) {
-    static unsigned frags[32][32][6];  // [warp][lane]: a[0..3], b[0..1]
-    const uint3& t = emu::thread_idx();
-    const int warp = (int)((t.z * emu::block_dim.y + t.y) * emu::block_dim.x + t.x) / 32, lane = emu::lane();
-    for (int i = 0; i < 4; i++) frags[warp][lane][i] = a[i];
-    for (int i = 0; i < 2; i++) frags[warp][lane][4 + i] = b[i];
-    emu::exchange(0, lane);  // every lane's fragments are in
+    const auto frags = emu_mma_fragments(a, b);
+    const int lane = emu::lane();
     auto a_at = [&](int row, int k) {  // A[row][k]: register (row >= 8) + 2 (k >= 16) of lane 4 (row % 8) + (k % 16) / 4
-        const unsigned r = frags[warp][4 * (row % 8) + (k % 16) / 4][(row >= 8) + 2 * (k >= 16)];
+        const unsigned r = frags[4 * (row % 8) + (k % 16) / 4][(row >= 8) + 2 * (k >= 16)];
         return (int)(signed char)(r >> (8 * (k % 4)));
     };
     auto b_at = [&](int k, int col) {  // B[k][col]: register (k >= 16) of lane 4 col + (k % 16) / 4
-        const unsigned r = frags[warp][4 * col + (k % 16) / 4][4 + (k >= 16)];
+        const unsigned r = frags[4 * col + (k % 16) / 4][4 + (k >= 16)];
         return (int)(signed char)(r >> (8 * (k % 4)));
     };
     const int g = lane / 4, tg = lane % 4;
     for (int i = 0; i < 4; i++) {
         const int row = g + 8 * (i / 2), col = 2 * tg + i % 2;
         for (int k = 0; k < 32; k++) c[i] += a_at(row, k) * b_at(k, col);
+    }
+    emu::exchange(0, lane);  // every lane has read them before any lane writes the next
+}
+
+// PTX mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 for a whole warp (cuda/mma_f16.cuh), as
+// mma_s8_16x8x32: each lane's sums take A's rows and B's columns from the lanes PTX's layout puts
+// them in. The products of halves are exact in float; each sum is formed in double and rounded to
+// float once with c, within the hardware's f32 accumulation (which may round inside the sum).
+inline void mma_f16_16x8x16(float c[4], const unsigned a[4], const unsigned b[2]) {
+    const auto frags = emu_mma_fragments(a, b);
+    const int lane = emu::lane();
+    auto half = [](unsigned r, int hi) { return (double)f16_to_f32((unsigned short)(r >> (16 * hi))); };
+    auto a_at = [&](int row, int k) {  // A[row][k]: register (row >= 8) + 2 (k >= 8) of lane 4 (row % 8) + (k % 8) / 2
+        return half(frags[4 * (row % 8) + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
+    };
+    auto b_at = [&](int k, int col) {  // B[k][col]: register (k >= 8) of lane 4 col + (k % 8) / 2
+        return half(frags[4 * col + (k % 8) / 2][4 + (k >= 8)], k % 2);
+    };
+    const int g = lane / 4, tg = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i / 2), col = 2 * tg + i % 2;
+        double sum = c[i];
+        for (int k = 0; k < 16; k++) sum += a_at(row, k) * b_at(k, col);
+        c[i] = (float)sum;
     }
     emu::exchange(0, lane);  // every lane has read them before any lane writes the next
 }

@@ -1001,21 +1001,23 @@ def _f16_attention_bound(q, keys, values, scale: float, n_keys: int) -> np.ndarr
 @pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "iq4_nl")])
 @pytest.mark.parametrize("window, softcap, sinks", [(0, 0.0, False), (7, 0.0, False), (0, 1.0, True)],
                          ids=["causal", "window", "softcap-sinks"])
-def test_long_prompts_multiply_in_f16_within_the_float_bound(backend, type_k, type_v, window, softcap, sinks,
+@pytest.mark.parametrize("n_head", [6, 2], ids=["gqa", "mha"])
+def test_long_prompts_multiply_in_f16_within_the_float_bound(backend, type_k, type_v, window, softcap, sinks, n_head,
                                                               monkeypatch):
     """Runs of F16_MIN_TOKENS or more (here 17) from caches not of f32 rows take f16 tensor-core
-    products; each output within _f16_attention_bound of the NumPy backend's float32 one."""
+    products; each output within _f16_attention_bound of the NumPy backend's float32 one. With
+    one head a KV group (mha), a chunk's queries are a strided view of q, and stay one for f16."""
     monkeypatch.setattr(cuda_attention, "QUERY_CHUNK", 8)
     monkeypatch.setattr(cuda_attention, "F16_MIN_TOKENS", cuda_attention.FUSED_MAX_TOKENS + 1)
     f16 = _count_f16_gemms(backend, monkeypatch)
     rng = np.random.default_rng(window + len(type_k))
-    n_slots, n_ctx, n_kv, n_head, dk, dv = 5, 64, 2, 6, 64, 32
+    n_slots, n_ctx, n_kv, dk, dv = 5, 64, 2, 64, 32
     caches = [b.kv_cache(n_slots, n_ctx, n_kv, dk, dv, type_k, type_v) for b in (CPU, backend)]
     runs = ATTENTION_BATCHES["long runs"]
     _store(backend, caches, rng, [(slot, 0, n) for slot, n in HISTORY.items() if n], n_kv, dk, dv)
     cpu_layout, layout = _store(backend, caches, rng, [(slot, HISTORY[slot], n) for slot, n in runs], n_kv, dk, dv)
     q = rng.standard_normal((len(cpu_layout.pos), n_head, dk)).astype(np.float32)
-    sink = np.array([3.0, -1.0, 0.5, 2.0, 0.0, 1.0], np.float32) if sinks else None
+    sink = np.array([3.0, -1.0, 0.5, 2.0, 0.0, 1.0][:n_head], np.float32) if sinks else None
     want = CPU.attention(q, caches[0], cpu_layout, 0.125, window, softcap, sink)
     got = host(backend, backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window, softcap,
                                           None if sink is None else backend.xp.asarray(sink)))
@@ -1028,6 +1030,86 @@ def test_long_prompts_multiply_in_f16_within_the_float_bound(backend, type_k, ty
         bound = _f16_attention_bound(q[t0:t1], keys[slot], values[slot], 0.125, n_ctx)
         assert (errors[t0:t1] <= bound).all(), f"slot {slot}: {errors[t0:t1].max()} past {bound.min()}"
     assert errors.max() > 2e-5 * np.abs(want).max()   # the f16 rounding shows: not the float32 path
+
+# Flash attention (attention_flash.cu), here from 17 queries on: (type_k, type_v, head size,
+# n_head, n_kv, window, softcap, sinks, paged), each head size, GQA groups of 1, 3 (a block's 64
+# rows not filled: 21 queries of 3 heads) and 8, a window within a tile (7) and one across
+# tiles (40), soft cap and sinks, through scattered 8-position blocks and unpaged.
+FLASH_CASES = {"f16-d64-gqa3": ("f16", "f16", 64, 6, 2, 0, 0.0, False, False),
+               "q8_0-d128-gqa8-window40-paged": ("q8_0", "q8_0", 128, 16, 2, 40, 0.0, False, True),
+               "q8_0-f16-d256-mha-softcap-sinks-paged": ("q8_0", "f16", 256, 2, 2, 0, 1.0, True, True),
+               "f16-q8_0-d64-mha-window7": ("f16", "q8_0", 64, 4, 4, 7, 0.0, False, False)}
+# Slot 0: 29 positions, then a run of 70 (two blocks of 21 queries, or one of 64 and one of 6;
+# tiles from key 0 to 98); slot 1: a decode row; slot 2: 5 positions, then a run of 40.
+FLASH_HISTORY = {0: 29, 2: 5}
+FLASH_BATCH = [(0, 70), (1, 1), (2, 40)]
+
+
+def _flash_setup(backend, case, monkeypatch):
+    type_k, type_v, d, n_head, n_kv, window, softcap, sinks, paged = case
+    monkeypatch.setattr(cuda_attention, "FLASH_MIN_TOKENS", cuda_attention.FUSED_MAX_TOKENS + 1)
+    rng = np.random.default_rng(d + n_head + window)
+    n_slots, n_ctx, block = 3, 112, 8
+    if paged:
+        n_blocks = n_slots * n_ctx // block
+        tables = rng.permutation(n_blocks).astype(np.int32).reshape(n_slots, n_ctx // block)
+        caches = paged_caches(backend, tables, n_blocks, block, n_kv, d, d, type_k, type_v)
+    else:
+        caches = [b.kv_cache(n_slots, n_ctx, n_kv, d, d, type_k, type_v) for b in (CPU, backend)]
+    _store(backend, caches, rng, [(slot, 0, n) for slot, n in FLASH_HISTORY.items()], n_kv, d, d)
+    cpu_layout, layout = _store(backend, caches, rng, [(slot, FLASH_HISTORY.get(slot, 0), n)
+                                                       for slot, n in FLASH_BATCH], n_kv, d, d)
+    q = rng.standard_normal((len(cpu_layout.pos), n_head, d)).astype(np.float32)
+    sink = rng.standard_normal(n_head).astype(np.float32) * 2 if sinks else None
+    return caches, cpu_layout, layout, q, sink, (window, softcap)
+
+
+def _flash_attention(backend, caches, layout, q, sink, window, softcap):
+    return host(backend, backend.attention(backend.xp.asarray(q), caches[1], layout, 0.125, window, softcap,
+                                           None if sink is None else backend.xp.asarray(sink)))
+
+
+@pytest.mark.parametrize("case", FLASH_CASES.values(), ids=FLASH_CASES)
+def test_flash_attention_within_the_f16_bound(backend, case, monkeypatch):
+    """Each long run in one attention_flash launch; each output within _f16_attention_bound of the
+    NumPy backend's float32 one. The flash kernel rounds as the f16 GEMMs do, and besides rounds
+    each tile's rescaling of the sums (n / 32 roundings of 2^-24 at most) and probabilities below
+    f16's normal range (2^-25 each, absolute, of max|v|): the bound's n 2^-24 for n keys, counted
+    twice, covers both. A fragment in another lane's register moves outputs by their own size."""
+    caches, cpu_layout, layout, q, sink, (window, softcap) = _flash_setup(backend, case, monkeypatch)
+    launched = len(getattr(backend.kernels, "launched", ()))
+    got = _flash_attention(backend, caches, layout, q, sink, window, softcap)
+    if hasattr(backend.kernels, "launched"):
+        name = f"attention_flash_{case[0]}_{case[1]}_d{case[2]}"
+        assert backend.kernels.launched[launched:].count(name) == 2
+    want = CPU.attention(q, caches[0], cpu_layout, 0.125, window, softcap, sink)
+    n_kv, d = case[4], case[2]
+    # Every cached row counted: a superset of the keys each query sees, wherever its blocks are.
+    keys = _decoded(CPU, caches[0], "k", case[0]).reshape(-1, n_kv, d).transpose(1, 0, 2)
+    values = _decoded(CPU, caches[0], "v", case[1]).reshape(-1, n_kv, d).transpose(1, 0, 2)
+    errors = np.abs(got - want).max(axis=2)
+    for slot, t0, t1 in cpu_layout.runs:
+        bound = _f16_attention_bound(q[t0:t1], keys, values, 0.125, 2 * keys.shape[1])
+        assert (errors[t0:t1] <= bound).all(), f"slot {slot}: {errors[t0:t1].max()} past {bound.min()}"
+    assert errors.max() > 2e-5 * np.abs(want).max()   # the f16 rounding shows: not the float32 path
+
+
+@pytest.mark.parametrize("case", FLASH_CASES.values(), ids=FLASH_CASES)
+def test_flash_attention_gives_the_same_bits_under_any_cut(backend, case, monkeypatch):
+    """A query's output from attention_flash is the same bits whichever queries share its block:
+    slot 0's run cut in two runs of 17 or more (the second in a batch beside the others), and
+    each run alone."""
+    caches, cpu_layout, layout, q, sink, (window, softcap) = _flash_setup(backend, case, monkeypatch)
+    whole = _flash_attention(backend, caches, layout, q, sink, window, softcap)
+    first = 23
+    _, head = layouts(backend, [(0, FLASH_HISTORY[0], first)])
+    _, rest = layouts(backend, [(0, FLASH_HISTORY[0] + first, 70 - first), (1, 0, 1), (2, FLASH_HISTORY[2], 40)])
+    cut = np.concatenate([_flash_attention(backend, caches, head, q[:first], sink, window, softcap),
+                          _flash_attention(backend, caches, rest, q[first:], sink, window, softcap)])
+    np.testing.assert_array_equal(cut, whole)
+    _, alone = layouts(backend, [(2, FLASH_HISTORY[2], 40)])
+    np.testing.assert_array_equal(_flash_attention(backend, caches, alone, q[71:], sink, window, softcap), whole[71:])
+
 
 # Decode at depth, where a fused launch splits each query's keys into chunks (attention_split.cu,
 # attention_combine.cu): slots holding 1000-3000 keys in a cache of 3072 positions a slot, so 12

@@ -11,7 +11,11 @@ cached rows to float32 and use two batched GEMMs around the softmax_lengths kern
 cached row serves hundreds of queries, and cuBLAS does that reuse far better than the fused
 kernel's one-query-per-block loop. Each chunk of QUERY_CHUNK queries multiplies only the keys
 its queries see, and runs of F16_MIN_TOKENS or more from caches not of f32 rows multiply in f16
-on tensor cores (f32 sums), within the bound docs/PERF.md (section flashpre) derives.
+on tensor cores (f32 sums), within the bound docs/PERF.md (section flashpre) derives. Of those,
+runs of FLASH_MIN_TOKENS or more that flash_takes covers (causal, f16 or q8_0 rows, head sizes
+64/128/256) take one flash-attention kernel instead (attention_flash.cu): the same f16 rounding,
+with no score matrix in memory and each K/V tile read once for a block of queries of all the
+heads of a KV group.
 """
 
 from dataclasses import dataclass
@@ -53,6 +57,15 @@ SPLIT_MAX_CHUNKS = 256   # MAX_CHUNKS in attention_combine.cu
 # scores and the weighted values alike; shorter ones keep float32 GEMMs, within the NumPy backend's
 # rounding. Not measured yet: bench_longctx's prefill at 8192 is the figure to set it by.
 F16_MIN_TOKENS = 512
+# Flash attention (attention_flash.cu): prompt runs of FLASH_MIN_TOKENS queries or more take one
+# fused kernel, both products on f16 tensor cores and no score matrix in memory, where
+# flash_takes says it covers the run (else the GEMM path). It rounds as the f16 GEMM path does, so
+# it starts where that one does; bench_longctx --attention gemm times the GEMM path beside it.
+FLASH_MIN_TOKENS = F16_MIN_TOKENS
+FLASH_TYPES = {("f16", "f16"), ("f16", "q8_0"), ("q8_0", "f16"), ("q8_0", "q8_0")}   # attention_flash.cu's
+FLASH_HEAD_DIMS = (64, 128, 256)
+FLASH_WARPS = 4          # FLASH_WARPS in attention_flash.cu
+FLASH_ROWS = 64          # FLASH_ROWS in attention_flash.cu: (query, head) rows a block holds
 _THREADS = 256
 _COMBINE_THREADS = 128   # COMBINE_THREADS in attention_combine.cu
 
@@ -184,9 +197,37 @@ def attention(k, q, cache: KVCache, layout: Layout, scale: float, window: int, s
         if slot is None:
             _fused(k, q[s], cache, layout.slots[s], (layout.pos if ends is None else ends)[s], scale, window, softcap,
                    sinks, out[s], None if x8 is None else (x8[0][s], x8[1][s]))
+        elif flash_takes(cache, t1 - t0, q.shape[1], ends is None):
+            _flash(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window, softcap, sinks, out[s])
         else:
             out[s] = _gemm(k, q[s], cache, slot, int(layout.host_pos[t0]), scale, window, softcap, sinks, ends is None)
     return out
+
+
+def flash_takes(cache: KVCache, n_tok: int, n_head: int, causal: bool) -> bool:
+    """Whether attention_flash.cu takes a prompt run of n_tok queries: causal runs of
+    FLASH_MIN_TOKENS or more from caches of FLASH_TYPES, keys and values of one head size of
+    FLASH_HEAD_DIMS, a KV group's heads within a block's rows. Windows, soft caps and sinks it
+    takes all. Not causal (an encoder's runs) or any other cache: the GEMM path."""
+    return (causal and n_tok >= FLASH_MIN_TOKENS and (cache.type_k, cache.type_v) in FLASH_TYPES
+            and cache.dk == cache.dv in FLASH_HEAD_DIMS and n_head // cache.k.shape[1] <= FLASH_ROWS)
+
+
+def _flash(k, q, cache: KVCache, slot: int, pos0: int, scale: float, window: int, softcap: float, sinks, out) -> None:
+    """One run of q (T, H, d) at positions pos0.. of `slot` into out (T, H, d), as flash_takes allows."""
+    check(q, np.float32, "q")
+    check(out, np.float32, "out")
+    check(cache.k, np.uint8, "key cache")
+    check(cache.v, np.uint8, "value cache")
+    n_tok, n_head, d = q.shape
+    n_kv = cache.k.shape[1]
+    per_block = FLASH_ROWS // (n_head // n_kv)   # queries a block holds, all heads of its KV group
+    k.function("attention_flash", f"attention_flash_{cache.type_k}_{cache.type_v}_d{d}")(
+        (cdiv(n_tok, per_block), n_kv), (FLASH_WARPS * 32,),
+        (q, cache.k, cache.v, out, np.int32(slot), np.int32(pos0), np.int32(n_tok), np.int32(n_head),
+         np.int32(n_kv), np.float32(scale), np.int32(window), np.float32(softcap),
+         q if sinks is None else sinks, np.int32(sinks is not None),   # q: a pointer the kernel then never reads
+         *cache.where(q)))   # q, likewise, unpaged
 
 
 def _spans(runs) -> list[tuple[int, int, int | None]]:
@@ -311,7 +352,7 @@ def _products_f16(k, qc, keys, values, lengths, window: int, scale: float, softc
     xp = k.xp
     n_kv, n_rows, _ = qc.shape
     n, dv = keys.shape[1], values.shape[2]
-    q16 = (qc * np.float32(scale)).astype(np.float16)
+    q16 = (qc * np.float32(scale)).astype(np.float16, order="C")   # qc: a strided view of q where a group is one head
     scores = xp.empty((n_kv, n_rows, n), np.float32)
     for h in range(n_kv):
         k.gemm_f16(q16[h], xp.ascontiguousarray(keys[h]), scores[h])
