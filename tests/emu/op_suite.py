@@ -483,6 +483,16 @@ def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
     for _, a, b in grouping.gemms:
         covered[a:b] += 1
     assert np.all(covered == 1)
+    mma, rest = host(backend, grouping.mma_tiles), host(backend, grouping.mma_rest)   # the plan on int8 tensor cores
+    assert np.all((mma[:, 2] >= 1) & (mma[:, 2] <= cuda_matmul.MMQ_TOKENS))
+    assert np.all((rest[:, 2] >= 1) & (rest[:, 2] <= cuda_experts.TILE_TOKENS))
+    assert set(mma[:, 0]) == set(np.flatnonzero(counts >= cuda_experts.EXPERT_MMA_MIN_TOKENS))
+    assert set(rest[:, 0]) == set(np.flatnonzero((counts > 0) & (counts < cuda_experts.EXPERT_MMA_MIN_TOKENS)))
+    covered[:] = 0
+    for e, first, count in np.concatenate([mma, rest]):
+        assert starts[e] <= first and first + count <= starts[e + 1]
+        covered[first:first + count] += 1
+    assert np.all(covered == 1)
     cols = 96
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     per_pair = rng.standard_normal((n_tok, k, cols)).astype(np.float32)
@@ -529,6 +539,59 @@ def test_grouped_matmul_experts(backend, qtype):
     want = CPU.matmul_experts(per_pair, cpu_w, experts, n_expert, weights, bias)
     scale = np.einsum("tj,tjc,tjoc->to", weights, np.abs(per_pair), dense[experts])
     assert_close(got, want, rtol=2e-3, scale=scale)
+
+
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.MMA_TYPES, key=int), ids=lambda t: t.name)
+def test_grouped_matmul_experts_on_int8_tensor_cores(backend, qtype):
+    """A prompt's expert products with int8 products on a GPU that has int8 tensor cores: 90 tokens
+    through 3 of 6 experts, expert 1 chosen by all (two token tiles), expert 5 by 3 (fewer than
+    EXPERT_MMA_MIN_TOKENS: moe_matvec, float32-exact), the others by ~44. The tensor-core pairs are,
+    up to float32 rounding, their 8-bit activations (quantize_q8's) times their expert's weights,
+    so a tile reading another expert's weights or another tile's rows would be off by the products'
+    size; within the activations' rounding of the CPU's. A down product (a row a pair) with weights
+    and bias: within the same bounds, weighted."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+
+    int8 = CudaBackend(backend.kernels, "int8")
+    if not int8.kernels.int8_mma:
+        pytest.skip("the GPU has no int8 tensor cores")
+    rng = np.random.default_rng(int(qtype) + 44)
+    n_expert, k, out, cols, n_tok = 6, 3, 40, 256, 90
+    experts = np.stack([np.concatenate([[1], [5] if t < 3 else [], rng.choice([0, 2, 3, 4], k - 1 - (t < 3), replace=False)])
+                        for t in range(n_tok)]).astype(np.int32)
+    counts = np.bincount(experts.ravel(), minlength=n_expert)
+    assert counts[1] > cuda_matmul.MMQ_TOKENS and 0 < counts[5] < cuda_experts.EXPERT_MMA_MIN_TOKENS <= counts[[0, 2, 3, 4]].min()
+    raw = random_weights(rng, qtype, n_expert * out, cols)
+    w, cpu_w = int8.matrix(raw, qtype, matmul=True), CPU.matrix(raw, qtype, matmul=True)
+    dense = reference(raw, qtype).astype(np.float64).reshape(n_expert, out, cols)
+    x = (rng.standard_normal((n_tok, cols)) * np.exp(rng.uniform(-2, 2, (n_tok, 1)))).astype(np.float32)
+    x[:, 32:64] = 0.0
+    int8.kernels.launched.clear()
+    got = host(int8, int8.matmul_experts(int8.xp.asarray(x), w, int8.xp.asarray(experts), n_expert)).astype(np.float64)
+    suffix = cuda_matmul.TYPE_SUFFIX[qtype]
+    assert {f"moe_matmul_q8_mma_{suffix}", f"moe_matvec_{suffix}", "quantize_q8"} <= set(int8.kernels.launched)
+    assert not {f"dequantize_{suffix}", f"matvec_experts_{suffix}"} & set(int8.kernels.launched)
+    xq, xs = (host(int8, a).astype(np.float64) for a in cuda_matmul.quantize_q8(int8.kernels, int8.xp.asarray(x)))
+    rounded = (xq.reshape(n_tok, -1, 32) * xs[..., :1]).reshape(n_tok, cols)
+    for e in range(n_expert):
+        t, j = np.nonzero(experts == e)
+        if e == 5:
+            assert_close(got[t, j], x[t] @ dense[e].T, rtol=1e-5, scale=np.abs(x[t]) @ np.abs(dense[e]).T)
+            continue
+        assert_close(got[t, j], rounded[t] @ dense[e].T, rtol=1e-5, scale=np.abs(rounded[t]) @ np.abs(dense[e]).T)
+        assert np.all(np.abs(got[t, j] - x[t] @ dense[e].T) <= int8_product_bound(x[t], dense[e]))
+
+    per_pair = rng.standard_normal((n_tok, k, cols)).astype(np.float32)
+    weights = rng.uniform(0.1, 1, (n_tok, k)).astype(np.float32)
+    bias = rng.standard_normal(n_expert * out).astype(np.float32)
+    got = host(int8, int8.matmul_experts(int8.xp.asarray(per_pair), w, int8.xp.asarray(experts), n_expert,
+                                         int8.xp.asarray(weights), int8.xp.asarray(bias))).astype(np.float64)
+    want = CPU.matmul_experts(per_pair, cpu_w, experts, n_expert, weights, bias).astype(np.float64)
+    bound = np.zeros((n_tok, out))
+    for t in range(n_tok):
+        for j, e in enumerate(experts[t]):
+            bound[t] += weights[t, j] * (int8_product_bound(per_pair[t, j:j + 1], dense[e])[0] + 1e-5 * np.abs(bias[e * out:(e + 1) * out]))
+    assert np.all(np.abs(got - want) <= bound + 1e-5 * np.abs(want))
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.BF16], ids=lambda t: t.name)

@@ -34,6 +34,9 @@ MATVEC_ROWS2_TYPES = {"float": frozenset({QType.Q4_K, QType.Q8_0}), "int8": froz
 MATVEC_ROWS2_MIN = 4096
 # Few-token products of these types can multiply 8-bit activations (matvec_q8.cu, dot_q8.cuh).
 INT8_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
+# Types matmul_q8_mma multiplies on int8 tensor cores (mma_runs.cuh): a prompt's products with
+# INT8_TYPES, and mixture-of-experts prompts' expert products (cuda_experts).
+MMA_TYPES = INT8_TYPES
 Q8_RUN = 32              # activations quantized per run of this many, each with its step and sum
 # Products that share an input take 8-bit activations only when one of their matrices is this
 # big: below, launch latency bounds them and quantizing costs a launch for nothing (PERF.md, CUDA).
@@ -250,14 +253,14 @@ def mma_rows(k, w: QuantMatrix, n_tok: int) -> int:
 
 
 def matmul_q8_mma(k, x8: tuple, w: QuantMatrix, y, rows: int = MMQ_ROWS) -> None:
-    """y (T, out) = x · Wᵀ for W of INT8_TYPES, x as quantize_q8 made it, on int8 tensor cores:
+    """y (T, out) = x · Wᵀ for W of MMA_TYPES, x as quantize_q8 made it, on int8 tensor cores:
     tiles of `rows` (MMQ_ROWS or half that) rows by MMQ_TOKENS tokens, any T."""
     xq, xs = x8
     check(xq, np.int8, "xq")
     check(xs, np.float32, "xs")
     check(w.raw, np.uint8, "w")
     check(y, np.float32, "y")
-    assert w.qtype in INT8_TYPES and xq.shape[1] == w.cols and y.shape == (xq.shape[0], w.rows)
+    assert w.qtype in MMA_TYPES and xq.shape[1] == w.cols and y.shape == (xq.shape[0], w.rows)
     assert rows in (MMQ_ROWS, MMQ_ROWS // 2)
     form = "" if rows == MMQ_ROWS else f"_rows{rows}"
     k.function("matmul_q8_mma", f"matmul_q8_mma{form}_{TYPE_SUFFIX[w.qtype]}")(
