@@ -188,7 +188,7 @@ def test_a_token_s_8_bit_product_does_not_depend_on_the_tokens_beside_it(backend
 
 
 @pytest.mark.parametrize("tile", [cuda_matmul.MMQ_ROWS, cuda_matmul.MMQ_ROWS // 2])
-@pytest.mark.parametrize("qtype", sorted(cuda_matmul.INT8_TYPES, key=int), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.MMA_TYPES, key=int), ids=lambda t: t.name)
 def test_prompt_products_on_int8_tensor_cores(backend, qtype, tile):
     """matmul_q8_mma with tiles of both sizes, on partial tiles of rows and tokens, with a partial
     stage of runs for the 32-element types and a zero run: up to float32 rounding the 8-bit activations as quantize_q8

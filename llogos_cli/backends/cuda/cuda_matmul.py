@@ -36,7 +36,7 @@ MATVEC_ROWS2_MIN = 4096
 INT8_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
 # Types matmul_q8_mma multiplies on int8 tensor cores (mma_runs.cuh): a prompt's products with
 # INT8_TYPES, and mixture-of-experts prompts' expert products (cuda_experts).
-MMA_TYPES = INT8_TYPES
+MMA_TYPES = INT8_TYPES | {QType.Q5_0, QType.Q5_1, QType.Q5_K, QType.Q3_K, QType.MXFP4}
 Q8_RUN = 32              # activations quantized per run of this many, each with its step and sum
 # Products that share an input take 8-bit activations only when one of their matrices is this
 # big: below, launch latency bounds them and quantizing costs a launch for nothing (PERF.md, CUDA).
