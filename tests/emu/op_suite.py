@@ -464,7 +464,8 @@ def skewed_routing(rng, n_tok: int, n_expert: int, k: int) -> np.ndarray:
 def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
     """moe_sort's grouping, as the CPU backend's stable sort of the pairs by expert (300 x 8 pairs:
     several tiles of them), its plan (experts with EXPERT_GEMM_MIN_TOKENS pairs or more a GEMM each,
-    the others' pairs in tiles of up to 8), and moe_gather's rows in that order."""
+    the others' pairs in tiles of up to 8), and moe_gather's rows in that order (float32, float16,
+    and quantize_q8's form)."""
     rng = np.random.default_rng(n_expert)
     experts = skewed_routing(rng, n_tok, n_expert, k)
     grouping = cuda_experts.group(backend.kernels, backend.xp.asarray(experts), n_expert)
@@ -501,6 +502,11 @@ def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
         np.testing.assert_array_equal(got, rows)
         got = host(backend, cuda_experts.gather(backend.kernels, backend.xp.asarray(source), grouping.order, k, np.float16))
         np.testing.assert_array_equal(got.view(np.uint16), rows.astype(np.float16).view(np.uint16))
+        x8 = cuda_matmul.quantize_q8(backend.kernels, backend.xp.asarray(source.reshape(-1, cols)))
+        picked = order // k if source.ndim == 2 else order
+        gq, gs = cuda_experts.gather_q8(backend.kernels, x8, grouping.order, k, source.ndim == 3)
+        np.testing.assert_array_equal(host(backend, gq), host(backend, x8[0])[picked])
+        np.testing.assert_array_equal(host(backend, gs), host(backend, x8[1])[picked])
 
 
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
@@ -569,7 +575,7 @@ def test_grouped_matmul_experts_on_int8_tensor_cores(backend, qtype):
     int8.kernels.launched.clear()
     got = host(int8, int8.matmul_experts(int8.xp.asarray(x), w, int8.xp.asarray(experts), n_expert)).astype(np.float64)
     suffix = cuda_matmul.TYPE_SUFFIX[qtype]
-    assert {f"moe_matmul_q8_mma_{suffix}", f"moe_matvec_{suffix}", "quantize_q8"} <= set(int8.kernels.launched)
+    assert {f"moe_matmul_q8_mma_{suffix}", f"moe_matvec_{suffix}", "quantize_q8", "moe_gather_q8"} <= set(int8.kernels.launched)
     assert not {f"dequantize_{suffix}", f"matvec_experts_{suffix}"} & set(int8.kernels.launched)
     xq, xs = (host(int8, a).astype(np.float64) for a in cuda_matmul.quantize_q8(int8.kernels, int8.xp.asarray(x)))
     rounded = (xq.reshape(n_tok, -1, 32) * xs[..., :1]).reshape(n_tok, cols)

@@ -185,15 +185,14 @@ def _grouped_product(k, x, w: QuantMatrix, grouping: Grouping, n_used: int, out_
 
 def _grouped_product_mma(k, x, w: QuantMatrix, grouping: Grouping, n_used: int, out_rows: int):
     """-> y (T, k, out) as _grouped_product, the experts with EXPERT_MMA_MIN_TOKENS pairs or more
-    multiplied on int8 tensor cores (moe_matmul_q8_mma), their rows quantized to 8 bits per run."""
+    multiplied on int8 tensor cores (moe_matmul_q8_mma), x quantized to 8 bits per run before
+    their rows are gathered."""
     yg = k.xp.empty((grouping.order.size, out_rows), np.float32)
     n_tiles = grouping.mma_tiles.shape[0]
-    if n_tiles or grouping.mma_rest.shape[0]:
-        xg = gather(k, x, grouping.order, n_used, np.float32)
     if grouping.mma_rest.shape[0]:
-        _tiled_product(k, xg, w, grouping.mma_rest, yg, out_rows)
+        _tiled_product(k, gather(k, x, grouping.order, n_used, np.float32), w, grouping.mma_rest, yg, out_rows)
     if n_tiles:
-        xq, xs = quantize_q8(k, xg)
+        xq, xs = gather_q8(k, quantize_q8(k, x.reshape(-1, x.shape[-1])), grouping.order, n_used, x.ndim == 3)
         rows = MMQ_ROWS if cdiv(out_rows, MMQ_ROWS) * n_tiles >= k.multiprocessors else MMQ_ROWS // 2
         form = "" if rows == MMQ_ROWS else f"_rows{rows}"
         k.function("matmul_q8_mma", f"moe_matmul_q8_mma{form}_{TYPE_SUFFIX[w.qtype]}")(
@@ -232,6 +231,22 @@ def gather(k, x, order, n_used: int, dtype):
             (cdiv(xg.size, _THREADS),), (_THREADS,),
             (x, order, xg, np.int32(order.size), np.int32(x.shape[-1]), np.int32(n_used), np.int32(x.ndim == 3)))
     return xg
+
+
+def gather_q8(k, x8: tuple, order, n_used: int, per_pair: bool) -> tuple:
+    """quantize_q8's form (values (R, in), scales (R, in // 32, 2)) of rows x (T, in), or of x
+    (P, in) if per_pair, for the pairs in order (P,) -> the same form of (P, in)."""
+    xq, xs = x8
+    check(xq, np.int8, "xq")
+    check(xs, np.float32, "xs")
+    check(order, np.int32, "order")
+    n = xq.shape[1]
+    xgq, xgs = k.xp.empty((order.size, n), np.int8), k.xp.empty((order.size, *xs.shape[1:]), np.float32)
+    if xgq.size:
+        k.function("moe_gather", "moe_gather_q8")(
+            (cdiv(xgq.size // 4, _THREADS),), (_THREADS,),
+            (xq, xs, order, xgq, xgs, np.int32(order.size), np.int32(n), np.int32(n_used), np.int32(per_pair)))
+    return xgq, xgs
 
 
 def scale_rows(k, x, s):
