@@ -572,11 +572,12 @@ def test_grouped_matmul_experts_on_int8_tensor_cores(backend, qtype):
     dense = reference(raw, qtype).astype(np.float64).reshape(n_expert, out, cols)
     x = (rng.standard_normal((n_tok, cols)) * np.exp(rng.uniform(-2, 2, (n_tok, 1)))).astype(np.float32)
     x[:, 32:64] = 0.0
-    int8.kernels.launched.clear()
+    launched = len(getattr(int8.kernels, "launched", ()))
     got = host(int8, int8.matmul_experts(int8.xp.asarray(x), w, int8.xp.asarray(experts), n_expert)).astype(np.float64)
-    suffix = cuda_matmul.TYPE_SUFFIX[qtype]
-    assert {f"moe_matmul_q8_mma_{suffix}", f"moe_matvec_{suffix}", "quantize_q8", "moe_gather_q8"} <= set(int8.kernels.launched)
-    assert not {f"dequantize_{suffix}", f"matvec_experts_{suffix}"} & set(int8.kernels.launched)
+    if hasattr(int8.kernels, "launched"):   # the emulator's record of kernel names
+        suffix, names = cuda_matmul.TYPE_SUFFIX[qtype], set(int8.kernels.launched[launched:])
+        assert {f"moe_matmul_q8_mma_{suffix}", f"moe_matvec_{suffix}", "quantize_q8", "moe_gather_q8"} <= names
+        assert not {f"dequantize_{suffix}", f"matvec_experts_{suffix}"} & names
     xq, xs = (host(int8, a).astype(np.float64) for a in cuda_matmul.quantize_q8(int8.kernels, int8.xp.asarray(x)))
     rounded = (xq.reshape(n_tok, -1, 32) * xs[..., :1]).reshape(n_tok, cols)
     for e in range(n_expert):
