@@ -18,7 +18,9 @@
 #       bench-moe    the mixture-of-experts shapes (MOE_MODELS=a,b; default gpt-oss-20b,qwen3-30b-a3b),
 #                    written by bench/synthetic_gguf.py on the machine (~12-14 GB each): prefill of 512
 #                    tokens beside llama-bench's pp512, with its expert kernels' and GEMMs' GPU time
-#                    (prefill_step_ms), decode, and batches of 1 and 16 sequences
+#                    (prefill_step_ms; the experts' int8 tensor-core tiles, moe_matmul_q8_mma, among the
+#                    expert kernels), decode, and batches of 1 and 16 sequences; their f16 GEMM route
+#                    as the baseline: FLOAT_MODELS=gpt-oss-20b,qwen3-30b-a3b ... bench-float
 #       longctx      a prompt of 8192 tokens and decode at depth 8192 (bench/bench_longctx.py), beside
 #                    llama-bench -p 8192 -n 0 and -p 0 -n 32 -d 8192, -fa 1 (LONG_MODELS; default
 #                    llama-1b,llama-8b); the prompt's attention both in the flash kernel and in the

@@ -9,6 +9,13 @@
 // that product's integer sums.
 // Tiles of the same rows are neighbours in the grid (blockIdx.x the token tile), so a prompt's
 // token tiles read each weight tile from L2 rather than memory.
+//
+// moe_matmul_q8_mma_<type> is the same product on a mixture-of-experts prompt's pairs as moe_sort
+// grouped them (moe_gather, then quantize_q8): token tile blockIdx.x is entry blockIdx.x of a
+// table of (expert e, first grouped row r, count c <= MMQ_TOKENS), and yg[r..r+c) = xg[r..r+c) ·
+// W_eᵀ, W_e matrix e of the experts stacked in one tensor. Only where a tile's weights and tokens
+// start differ, so it is an entry of this file, not an op of its own: all experts' tiles in one
+// launch, each expert's weights read in their blocks once per MMQ_TOKENS of its tokens.
 #include "common.cuh"
 #include "mma_runs.cuh"
 #include "mma_s8.cuh"
@@ -28,8 +35,11 @@
 __device__ __forceinline__ float sum_to_f32(int c) { return __uint_as_float((u32)c) - MMQ_SUM_BIAS_F; }
 
 // MI: products of 16 rows a warp takes, the block's tile 64 MI rows.
+// The tile of rows blockIdx.y * 64 MI.. of w by tokens tok0..tok0 + MMQ_TOKENS of xq (those from
+// ntok on multiply zeros and store nothing).
 template <class Q, int MI>
-__device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows, int ntok) {
+__device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float* y, int ncols, int nrows, int tok0,
+                              int ntok) {
     constexpr int ROWS = 64 * MI;
     __shared__ uint4 w_s[ROWS * MMQ_STRIDE / 16];
     __shared__ uint4 x_s[MMQ_TOKENS * MMQ_STRIDE / 16];
@@ -38,7 +48,7 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
     u8* wq = (u8*)w_s;
     u8* xq_s = (u8*)x_s;
 
-    const int row0 = blockIdx.y * ROWS, tok0 = blockIdx.x * MMQ_TOKENS;
+    const int row0 = blockIdx.y * ROWS;
     const int nruns = ncols / 32, nblocks = ncols / Q::QK;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     const int wrow = 16 * MI * (warp % 4), wtok = 32 * (warp / 4);  // the warp's rows and tokens in the tile
@@ -153,7 +163,16 @@ __device__ void matmul_q8_mma(const u8* w, const i8* xq, const float2* xs, float
         matmul_q8_mma##form##_##type(const u8* __restrict__ w, const i8* __restrict__ xq,                       \
                                      const float2* __restrict__ xs, float* __restrict__ y, int ncols, int nrows, \
                                      int ntok) {                                                                \
-        matmul_q8_mma<type##_mma, mi>(w, xq, xs, y, ncols, nrows, ntok);                                         \
+        matmul_q8_mma<type##_mma, mi>(w, xq, xs, y, ncols, nrows, blockIdx.x * MMQ_TOKENS, ntok);                \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                                   \
+        moe_matmul_q8_mma##form##_##type(const u8* __restrict__ w, const i8* __restrict__ xq,                   \
+                                         const float2* __restrict__ xs, float* __restrict__ yg,                 \
+                                         const int* __restrict__ tiles, int ncols, int nrows) {                 \
+        const int* tile = tiles + 3 * (i64)blockIdx.x;                                                          \
+        const i64 expert_bytes = (i64)nrows * (ncols / type##_mma::QK) * sizeof(type##_mma::block);             \
+        matmul_q8_mma<type##_mma, mi>(w + tile[0] * expert_bytes, xq, xs, yg, ncols, nrows, tile[1],             \
+                                      tile[1] + tile[2]);                                                       \
     }
 #define MATMUL_Q8_MMA(type)            \
     MATMUL_Q8_MMA_FORM(, type, 2)      \
@@ -164,3 +183,8 @@ MATMUL_Q8_MMA(q4_0)
 MATMUL_Q8_MMA(q4_1)
 MATMUL_Q8_MMA(q4_K)
 MATMUL_Q8_MMA(q6_K)
+MATMUL_Q8_MMA(q5_0)
+MATMUL_Q8_MMA(q5_1)
+MATMUL_Q8_MMA(q5_K)
+MATMUL_Q8_MMA(q3_K)
+MATMUL_Q8_MMA(mxfp4)

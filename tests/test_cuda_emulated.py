@@ -133,6 +133,18 @@ def test_prompt_products_take_half_tiles_where_whole_ones_leave_multiprocessors_
     assert kernels.launched == ["quantize_q8", kernel]
 
 
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.MMA_TYPES - cuda_matmul.INT8_TYPES, key=int), ids=lambda t: t.name)
+def test_prompt_products_of_the_mma_only_types_take_int8_tensor_cores(kernels, qtype):
+    """Types with int8 tensor-core runs (mma_runs.cuh) but no few-token integer products: a prompt's
+    product takes 8-bit activations and matmul_q8_mma, not a dequantize and an f16 GEMM."""
+    int8 = CudaBackend(kernels, "int8")
+    cols = 256
+    w = int8.matrix(random_weights(np.random.default_rng(int(qtype)), qtype, 40, cols), qtype, matmul=True)
+    kernels.launched.clear()
+    int8.matmul(int8.xp.asarray(np.ones((cuda_matmul.GEMM_MIN_TOKENS, cols), np.float32)), w)
+    assert kernels.launched == ["quantize_q8", f"matmul_q8_mma_rows64_{cuda_matmul.TYPE_SUFFIX[qtype]}"]
+
+
 @pytest.mark.parametrize("qtype, rows, kernel", [(QType.Q4_K, 4096, "matvec_rows2_q4_K"), (QType.Q8_0, 4096, "matvec_rows2_q8_0"),
                                                  (QType.Q4_K, 1024, "matvec_q4_K"), (QType.Q6_K, 4096, "matvec_q6_K")])
 def test_one_token_products_take_two_rows_a_warp_where_that_measured_faster(backend, qtype, rows, kernel):

@@ -16,7 +16,7 @@ from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.forward import Model
-from tests.conftest import FIXTURES, need
+from tests.conftest import FIXTURES, assert_decisive_choices_kept, need
 
 MODELS = ["tiny-llama-f32", "tiny-llama-q8_0", "tiny-qwen2-q8_0", "tiny-qwen3-f32", "tiny-gemma3-q8_0",
           "tiny-qwen35-f32"]
@@ -175,6 +175,42 @@ def test_moe_prompt_groups_its_experts_products(backend, name):
             assert (grouped, bool(paired)) == (({"moe_sort_i32", "moe_gather_f32", "moe_scatter_f32"}, False)
                                                if len(chunk) > 1 else (set(), True))
             assert launched.count("moe_sort_i32") in (0, cpu.cfg.n_layer)   # one grouping a layer, shared by its products
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3moe-q8_0", "tiny-gpt-oss-mxfp4"])
+def test_moe_prompt_on_int8_tensor_cores(backend, name, monkeypatch):
+    """With int8 products on a GPU with int8 tensor cores, a prompt's grouped expert products take
+    moe_matmul_q8_mma (Q8_0, MXFP4 experts) instead of dequantizing each expert for an f16 GEMM.
+    The 8-bit activations can flip a router's near tie (tiny-qwen3moe: a 3e-4 gap in layer 1),
+    which moves that token's logits by far more than rounding; up to the first token routed apart
+    from the CPU backend in any layer, the logits are within the 8-bit products' 8e-2 of
+    float32's range (test_long_prompts_with_8_bit_activations), and the next tokens chosen by a
+    clear lead are the CPU's throughout."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+    f = GGUFFile(REPO_FIXTURES / f"{name}.gguf" if name in FAMILY_MODELS else need(FIXTURES / f"{name}.gguf"))
+    int8 = CudaBackend(backend.kernels, "int8")
+    if not int8.kernels.int8_mma:
+        pytest.skip("the GPU has no int8 tensor cores")
+    cpu, gpu = Model(f, NumpyBackend()), Model(f, int8)
+    routes = {"cpu": [], "gpu": []}
+    for side, model in (("cpu", cpu), ("gpu", gpu)):
+        def route(logits, k, normalize=True, side=side, route=model.backend.route):
+            experts, weights = route(logits, k, normalize)
+            routes[side].append(np.sort(model.backend.to_host(experts) if side == "gpu" else experts, axis=1))
+            return experts, weights
+        monkeypatch.setattr(model.backend, "route", route)
+    ids = np.random.default_rng(9).integers(0, cpu.cfg.n_vocab, cuda_matmul.GEMM_MIN_TOKENS + 8)
+    launched = len(getattr(int8.kernels, "launched", ()))
+    got = int8.to_host(gpu.forward_seq(gpu.new_context(64, "f32", "f32"), ids, all_logits=True))
+    if hasattr(int8.kernels, "launched"):
+        names, experts_type = int8.kernels.launched[launched:], name.rsplit("-", 1)[1]
+        assert f"moe_matmul_q8_mma_{experts_type}" in names or f"moe_matmul_q8_mma_rows64_{experts_type}" in names
+        assert f"dequantize_{experts_type}" not in names and not any(n.startswith("matvec_experts_") for n in names)
+    want = cpu.forward_seq(cpu.new_context(64, "f32", "f32"), ids, all_logits=True)
+    apart = [t for c, g in zip(routes["cpu"], routes["gpu"]) for t in np.flatnonzero((c != g).any(axis=1))]
+    same = min(apart, default=len(ids))
+    assert same >= len(ids) // 2 and relative(got[:same], want[:same]) < 8e-2
+    assert_decisive_choices_kept(got, want)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-q8_0", "tiny-qwen2-f32", "tiny-gemma3-f32", "tiny-qwen35-f32"])

@@ -188,7 +188,7 @@ def test_a_token_s_8_bit_product_does_not_depend_on_the_tokens_beside_it(backend
 
 
 @pytest.mark.parametrize("tile", [cuda_matmul.MMQ_ROWS, cuda_matmul.MMQ_ROWS // 2])
-@pytest.mark.parametrize("qtype", sorted(cuda_matmul.INT8_TYPES, key=int), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.MMA_TYPES, key=int), ids=lambda t: t.name)
 def test_prompt_products_on_int8_tensor_cores(backend, qtype, tile):
     """matmul_q8_mma with tiles of both sizes, on partial tiles of rows and tokens, with a partial
     stage of runs for the 32-element types and a zero run: up to float32 rounding the 8-bit activations as quantize_q8
@@ -528,7 +528,8 @@ def skewed_routing(rng, n_tok: int, n_expert: int, k: int) -> np.ndarray:
 def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
     """moe_sort's grouping, as the CPU backend's stable sort of the pairs by expert (300 x 8 pairs:
     several tiles of them), its plan (experts with EXPERT_GEMM_MIN_TOKENS pairs or more a GEMM each,
-    the others' pairs in tiles of up to 8), and moe_gather's rows in that order."""
+    the others' pairs in tiles of up to 8), and moe_gather's rows in that order (float32, float16,
+    and quantize_q8's form)."""
     rng = np.random.default_rng(n_expert)
     experts = skewed_routing(rng, n_tok, n_expert, k)
     grouping = cuda_experts.group(backend.kernels, backend.xp.asarray(experts), n_expert)
@@ -547,6 +548,16 @@ def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
     for _, a, b in grouping.gemms:
         covered[a:b] += 1
     assert np.all(covered == 1)
+    mma, rest = host(backend, grouping.mma_tiles), host(backend, grouping.mma_rest)   # the plan on int8 tensor cores
+    assert np.all((mma[:, 2] >= 1) & (mma[:, 2] <= cuda_matmul.MMQ_TOKENS))
+    assert np.all((rest[:, 2] >= 1) & (rest[:, 2] <= cuda_experts.TILE_TOKENS))
+    assert set(mma[:, 0]) == set(np.flatnonzero(counts >= cuda_experts.EXPERT_MMA_MIN_TOKENS))
+    assert set(rest[:, 0]) == set(np.flatnonzero((counts > 0) & (counts < cuda_experts.EXPERT_MMA_MIN_TOKENS)))
+    covered[:] = 0
+    for e, first, count in np.concatenate([mma, rest]):
+        assert starts[e] <= first and first + count <= starts[e + 1]
+        covered[first:first + count] += 1
+    assert np.all(covered == 1)
     cols = 96
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     per_pair = rng.standard_normal((n_tok, k, cols)).astype(np.float32)
@@ -555,6 +566,11 @@ def test_group_pairs_by_expert(backend, n_expert, k, n_tok):
         np.testing.assert_array_equal(got, rows)
         got = host(backend, cuda_experts.gather(backend.kernels, backend.xp.asarray(source), grouping.order, k, np.float16))
         np.testing.assert_array_equal(got.view(np.uint16), rows.astype(np.float16).view(np.uint16))
+        x8 = cuda_matmul.quantize_q8(backend.kernels, backend.xp.asarray(source.reshape(-1, cols)))
+        picked = order // k if source.ndim == 2 else order
+        gq, gs = cuda_experts.gather_q8(backend.kernels, x8, grouping.order, k, source.ndim == 3)
+        np.testing.assert_array_equal(host(backend, gq), host(backend, x8[0])[picked])
+        np.testing.assert_array_equal(host(backend, gs), host(backend, x8[1])[picked])
 
 
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda t: t.name)
@@ -593,6 +609,60 @@ def test_grouped_matmul_experts(backend, qtype):
     want = CPU.matmul_experts(per_pair, cpu_w, experts, n_expert, weights, bias)
     scale = np.einsum("tj,tjc,tjoc->to", weights, np.abs(per_pair), dense[experts])
     assert_close(got, want, rtol=2e-3, scale=scale)
+
+
+@pytest.mark.parametrize("qtype", sorted(cuda_matmul.MMA_TYPES, key=int), ids=lambda t: t.name)
+def test_grouped_matmul_experts_on_int8_tensor_cores(backend, qtype):
+    """A prompt's expert products with int8 products on a GPU that has int8 tensor cores: 90 tokens
+    through 3 of 6 experts, expert 1 chosen by all (two token tiles), expert 5 by 3 (fewer than
+    EXPERT_MMA_MIN_TOKENS: moe_matvec, float32-exact), the others by ~44. The tensor-core pairs are,
+    up to float32 rounding, their 8-bit activations (quantize_q8's) times their expert's weights,
+    so a tile reading another expert's weights or another tile's rows would be off by the products'
+    size; within the activations' rounding of the CPU's. A down product (a row a pair) with weights
+    and bias: within the same bounds, weighted."""
+    from llogos_cli.backends.cuda.cuda_backend import CudaBackend
+
+    int8 = CudaBackend(backend.kernels, "int8")
+    if not int8.kernels.int8_mma:
+        pytest.skip("the GPU has no int8 tensor cores")
+    rng = np.random.default_rng(int(qtype) + 44)
+    n_expert, k, out, cols, n_tok = 6, 3, 40, 256, 90
+    experts = np.stack([np.concatenate([[1], [5] if t < 3 else [], rng.choice([0, 2, 3, 4], k - 1 - (t < 3), replace=False)])
+                        for t in range(n_tok)]).astype(np.int32)
+    counts = np.bincount(experts.ravel(), minlength=n_expert)
+    assert counts[1] > cuda_matmul.MMQ_TOKENS and 0 < counts[5] < cuda_experts.EXPERT_MMA_MIN_TOKENS <= counts[[0, 2, 3, 4]].min()
+    raw = random_weights(rng, qtype, n_expert * out, cols)
+    w, cpu_w = int8.matrix(raw, qtype, matmul=True), CPU.matrix(raw, qtype, matmul=True)
+    dense = reference(raw, qtype).astype(np.float64).reshape(n_expert, out, cols)
+    x = (rng.standard_normal((n_tok, cols)) * np.exp(rng.uniform(-2, 2, (n_tok, 1)))).astype(np.float32)
+    x[:, 32:64] = 0.0
+    launched = len(getattr(int8.kernels, "launched", ()))
+    got = host(int8, int8.matmul_experts(int8.xp.asarray(x), w, int8.xp.asarray(experts), n_expert)).astype(np.float64)
+    if hasattr(int8.kernels, "launched"):   # the emulator's record of kernel names
+        suffix, names = cuda_matmul.TYPE_SUFFIX[qtype], set(int8.kernels.launched[launched:])
+        assert {f"moe_matmul_q8_mma_{suffix}", f"moe_matvec_{suffix}", "quantize_q8", "moe_gather_q8"} <= names
+        assert not {f"dequantize_{suffix}", f"matvec_experts_{suffix}"} & names
+    xq, xs = (host(int8, a).astype(np.float64) for a in cuda_matmul.quantize_q8(int8.kernels, int8.xp.asarray(x)))
+    rounded = (xq.reshape(n_tok, -1, 32) * xs[..., :1]).reshape(n_tok, cols)
+    for e in range(n_expert):
+        t, j = np.nonzero(experts == e)
+        if e == 5:
+            assert_close(got[t, j], x[t] @ dense[e].T, rtol=1e-5, scale=np.abs(x[t]) @ np.abs(dense[e]).T)
+            continue
+        assert_close(got[t, j], rounded[t] @ dense[e].T, rtol=1e-5, scale=np.abs(rounded[t]) @ np.abs(dense[e]).T)
+        assert np.all(np.abs(got[t, j] - x[t] @ dense[e].T) <= int8_product_bound(x[t], dense[e]))
+
+    per_pair = rng.standard_normal((n_tok, k, cols)).astype(np.float32)
+    weights = rng.uniform(0.1, 1, (n_tok, k)).astype(np.float32)
+    bias = rng.standard_normal(n_expert * out).astype(np.float32)
+    got = host(int8, int8.matmul_experts(int8.xp.asarray(per_pair), w, int8.xp.asarray(experts), n_expert,
+                                         int8.xp.asarray(weights), int8.xp.asarray(bias))).astype(np.float64)
+    want = CPU.matmul_experts(per_pair, cpu_w, experts, n_expert, weights, bias).astype(np.float64)
+    bound = np.zeros((n_tok, out))
+    for t in range(n_tok):
+        for j, e in enumerate(experts[t]):
+            bound[t] += weights[t, j] * (int8_product_bound(per_pair[t, j:j + 1], dense[e])[0] + 1e-5 * np.abs(bias[e * out:(e + 1) * out]))
+    assert np.all(np.abs(got - want) <= bound + 1e-5 * np.abs(want))
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.BF16], ids=lambda t: t.name)

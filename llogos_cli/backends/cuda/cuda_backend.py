@@ -348,7 +348,7 @@ class CudaBackend:
                 self._grouped = (experts, cuda_experts.group(self.kernels, experts, n_expert))
             grouping = self._grouped[1]
         return cuda_experts.matmul_experts(self.kernels, self._c(x), w, experts, n_expert, weights, bias,
-                                           grouping, self._scratch)
+                                           grouping, self._scratch, self.products == "int8" and self.kernels.int8_mma)
 
     def swiglu_oai(self, gate, up, alpha: float, limit: float):
         return cuda_experts.swiglu_oai(self.kernels, self._c(gate), self._c(up), alpha, limit)

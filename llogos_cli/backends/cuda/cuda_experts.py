@@ -6,8 +6,13 @@ pair's expert from device memory, so a captured decode step replays for any rout
 that pair's expert matrix for it. A prompt's product groups its pairs by expert first (group:
 moe_sort.cu, a counting sort on the GPU), so that each chosen expert's matrix is read once for all
 of its tokens by an f16 GEMM (as cuda_matmul's prompt products) where it has EXPERT_GEMM_MIN_TOKENS
-or more, else once per 8 of them (moe_matvec.cu's tiles), not once per token. Planning those launches takes the expert counts on the
-host, a wait for the GPU once a layer, which a captured step could not replay.
+or more, else once per 8 of them (moe_matvec.cu's tiles), not once per token. Where the product
+may take 8-bit activations on int8 tensor cores (mma) and the experts' type has them (MMA_TYPES),
+the experts with EXPERT_MMA_MIN_TOKENS pairs or more take tiles of up to MMQ_TOKENS of their
+pairs instead, all experts' in one launch (moe_matmul_q8_mma, as llama.cpp's MMQ for experts):
+each expert's matrix read in its blocks once per MMQ_TOKENS tokens, never written out as f16.
+Planning those launches takes the expert counts on the host, a wait for the GPU once a layer,
+which a captured step could not replay.
 """
 
 import dataclasses
@@ -17,7 +22,17 @@ from typing import Any
 import numpy as np
 
 from llogos_cli.backends.cuda.cuda_kernels import TYPE_SUFFIX, cdiv, check
-from llogos_cli.backends.cuda.cuda_matmul import MATVEC_WARPS, QuantMatrix, Scratch, dequantize
+from llogos_cli.backends.cuda.cuda_matmul import (
+    MATVEC_WARPS,
+    MMA_TYPES,
+    MMQ_ROWS,
+    MMQ_THREADS,
+    MMQ_TOKENS,
+    QuantMatrix,
+    Scratch,
+    dequantize,
+    quantize_q8,
+)
 
 MAX_PAIRS = 65535   # (token, choice) pairs per launch: the grid's y dimension
 # Tokens from which a product groups its pairs by expert: a prompt chunk's experts are shared by
@@ -34,6 +49,11 @@ TILE_TOKENS = 8             # grouped rows a moe_matvec tile takes (MOE_MATVEC_T
 # read less up to ~40 (f16 reads from L2) to ~80 tokens (from memory); unmeasured on a GPU so far
 # (bench-moe prints the prompt's expert kernels and GEMMs).
 EXPERT_GEMM_MIN_TOKENS = 64
+# On int8 tensor cores, experts with this many pairs or more take moe_matmul_q8_mma's tiles, the
+# others one moe_matvec tile each: with fewer pairs than a moe_matvec tile holds both read the
+# expert's matrix once, and moe_matvec multiplies the activations unrounded (a choice by bytes,
+# unmeasured on a GPU so far).
+EXPERT_MMA_MIN_TOKENS = TILE_TOKENS
 _THREADS = 256
 ROUTE_WARPS = 4     # tokens a block of moe_route, a warp each
 ROUTE_MAX_EXPERTS = 32 * 32   # moe_route keeps which of its (at most 32) experts a lane has chosen in 32 bits
@@ -60,6 +80,8 @@ class Grouping:
     order: Any                               # device int32 (P,): the pairs p = t * k + j, expert by expert
     gemms: tuple[tuple[int, int, int], ...]  # (expert, first, end) in order of the experts with EXPERT_GEMM_MIN_TOKENS pairs or more
     tiles: Any                               # device int32 (n_tiles, 3): (expert, first, count <= TILE_TOKENS) of the others'
+    mma_tiles: Any                           # device int32 (n, 3): (expert, first, count <= MMQ_TOKENS) of the experts with EXPERT_MMA_MIN_TOKENS pairs or more
+    mma_rest: Any                            # device int32 (n, 3): (expert, first, count <= TILE_TOKENS) of the others'
 
 
 def group(k, experts, n_expert: int) -> Grouping:
@@ -71,21 +93,33 @@ def group(k, experts, n_expert: int) -> Grouping:
     k.function("moe_sort", "moe_sort_i32")((1,), (SORT_THREADS,),
                                             (experts, order, offsets, np.int32(experts.size), np.int32(n_expert)))
     starts = k.to_host(offsets).tolist()
-    gemms, tiles = [], []
+    gemms, tiles, mma_tiles, mma_rest = [], [], [], []
     for e, (a, b) in enumerate(zip(starts, starts[1:])):
         if b - a >= EXPERT_GEMM_MIN_TOKENS:
             gemms.append((e, a, b))
         else:
-            tiles += [(e, t, min(TILE_TOKENS, b - t)) for t in range(a, b, TILE_TOKENS)]
-    return Grouping(order, tuple(gemms), k.xp.asarray(np.array(tiles, np.int32).reshape(-1, 3)))
+            tiles += _tiles(e, a, b, TILE_TOKENS)
+        if b - a >= EXPERT_MMA_MIN_TOKENS:
+            mma_tiles += _tiles(e, a, b, MMQ_TOKENS)
+        else:
+            mma_rest += _tiles(e, a, b, TILE_TOKENS)
+    ends = np.cumsum([0, len(tiles), len(mma_tiles), len(mma_rest)])
+    table = k.xp.asarray(np.array(tiles + mma_tiles + mma_rest, np.int32).reshape(-1, 3))   # one upload for the three plans
+    return Grouping(order, tuple(gemms), *(table[a:b] for a, b in zip(ends, ends[1:])))
+
+
+def _tiles(expert: int, first: int, end: int, size: int) -> list[tuple[int, int, int]]:
+    return [(expert, t, min(size, end - t)) for t in range(first, end, size)]
 
 
 def matmul_experts(k, x, w: QuantMatrix, experts, n_expert: int, weights=None, bias=None,
-                   grouping: Grouping | None = None, scratch: Scratch | None = None):
+                   grouping: Grouping | None = None, scratch: Scratch | None = None, mma: bool = False):
     """x (T, in) or (T, k, in) through each token's experts (T, k) of the stacked w, plus each
     expert's row of bias (n_expert * out,) if given -> (T, k, out); with weights (T, k), the k
     outputs weighted and summed -> (T, out). With grouping (group(k, experts, n_expert)) and a
-    scratch for the dequantized experts, the pairs are taken expert by expert."""
+    scratch for the dequantized experts, the pairs are taken expert by expert; with mma too (a
+    GPU with int8 tensor cores, products allowed 8-bit activations), on int8 tensor cores where
+    w's type has them."""
     check(x, np.float32, "x")
     check(experts, np.int32, "experts")
     check(w.raw, np.uint8, "w")
@@ -94,7 +128,10 @@ def matmul_experts(k, x, w: QuantMatrix, experts, n_expert: int, weights=None, b
     assert w.rows % n_expert == 0 and x.shape[-1] == w.cols and x.shape[:-1] in ((n_tok,), (n_tok, n_used))
     if grouping is not None:
         assert grouping.order.size == n_tok * n_used
-        y = _grouped_product(k, x, w, grouping, n_used, out_rows, scratch)
+        if mma and w.qtype in MMA_TYPES:
+            y = _grouped_product_mma(k, x, w, grouping, n_used, out_rows)
+        else:
+            y = _grouped_product(k, x, w, grouping, n_used, out_rows, scratch)
     else:
         y = _pair_product(k, x, w, experts, out_rows)
     if bias is not None and y.size:
@@ -133,12 +170,7 @@ def _grouped_product(k, x, w: QuantMatrix, grouping: Grouping, n_used: int, out_
     pairs = grouping.order.size
     yg = k.xp.empty((pairs, out_rows), np.float32)
     if grouping.tiles.shape[0]:
-        xg = gather(k, x, grouping.order, n_used, np.float32)
-        fn = k.function("moe_matvec", f"moe_matvec_{TYPE_SUFFIX[w.qtype]}")
-        for i0 in range(0, grouping.tiles.shape[0], MAX_PAIRS):
-            tiles = grouping.tiles[i0:i0 + MAX_PAIRS]
-            fn((cdiv(out_rows, MATVEC_WARPS), tiles.shape[0]), (MATVEC_WARPS * 32,),
-               (w.raw, xg, yg, tiles, np.int32(w.cols), np.int32(out_rows)))
+        _tiled_product(k, gather(k, x, grouping.order, n_used, np.float32), w, grouping.tiles, yg, out_rows)
     if grouping.gemms:
         xg16 = gather(k, x, grouping.order, n_used, np.float16)
         buf, chunk = scratch.rows(dataclasses.replace(w, raw=w.raw[:out_rows], rows=out_rows))   # an expert's shape
@@ -148,10 +180,43 @@ def _grouped_product(k, x, w: QuantMatrix, grouping: Grouping, n_used: int, out_
                 w16 = buf[:(r1 - r0) * w.cols].reshape(r1 - r0, w.cols)
                 dequantize(k, w.raw[e * out_rows + r0:e * out_rows + r1], w.qtype, w16)
                 k.gemm_f16(xg16[a:b], w16, yg[a:b, r0:r1])
+    return _scatter(k, yg, grouping.order, n_used, out_rows)
+
+
+def _grouped_product_mma(k, x, w: QuantMatrix, grouping: Grouping, n_used: int, out_rows: int):
+    """-> y (T, k, out) as _grouped_product, the experts with EXPERT_MMA_MIN_TOKENS pairs or more
+    multiplied on int8 tensor cores (moe_matmul_q8_mma), x quantized to 8 bits per run before
+    their rows are gathered."""
+    yg = k.xp.empty((grouping.order.size, out_rows), np.float32)
+    n_tiles = grouping.mma_tiles.shape[0]
+    if grouping.mma_rest.shape[0]:
+        _tiled_product(k, gather(k, x, grouping.order, n_used, np.float32), w, grouping.mma_rest, yg, out_rows)
+    if n_tiles:
+        xq, xs = gather_q8(k, quantize_q8(k, x.reshape(-1, x.shape[-1])), grouping.order, n_used, x.ndim == 3)
+        rows = MMQ_ROWS if cdiv(out_rows, MMQ_ROWS) * n_tiles >= k.multiprocessors else MMQ_ROWS // 2
+        form = "" if rows == MMQ_ROWS else f"_rows{rows}"
+        k.function("matmul_q8_mma", f"moe_matmul_q8_mma{form}_{TYPE_SUFFIX[w.qtype]}")(
+            (n_tiles, cdiv(out_rows, rows)), (MMQ_THREADS,),
+            (w.raw, xq, xs, yg, grouping.mma_tiles, np.int32(w.cols), np.int32(out_rows)))
+    return _scatter(k, yg, grouping.order, n_used, out_rows)
+
+
+def _tiled_product(k, xg, w: QuantMatrix, tiles, yg, out_rows: int) -> None:
+    """yg's rows of tiles (n, 3) = xg's · their expert's matrixᵀ, moe_matvec's float32 products."""
+    fn = k.function("moe_matvec", f"moe_matvec_{TYPE_SUFFIX[w.qtype]}")
+    for i0 in range(0, tiles.shape[0], MAX_PAIRS):
+        part = tiles[i0:i0 + MAX_PAIRS]
+        fn((cdiv(out_rows, MATVEC_WARPS), part.shape[0]), (MATVEC_WARPS * 32,),
+           (w.raw, xg, yg, part, np.int32(w.cols), np.int32(out_rows)))
+
+
+def _scatter(k, yg, order, n_used: int, out_rows: int):
+    """The grouped rows yg (P, out) back in pair order -> (T, k, out)."""
+    pairs = order.size
     y = k.xp.empty((pairs // n_used, n_used, out_rows), np.float32)
     if y.size:
         k.function("moe_scatter", "moe_scatter_f32")((cdiv(y.size, _THREADS),), (_THREADS,),
-                                                      (yg, grouping.order, y, np.int32(pairs), np.int32(out_rows)))
+                                                      (yg, order, y, np.int32(pairs), np.int32(out_rows)))
     return y
 
 
@@ -166,6 +231,22 @@ def gather(k, x, order, n_used: int, dtype):
             (cdiv(xg.size, _THREADS),), (_THREADS,),
             (x, order, xg, np.int32(order.size), np.int32(x.shape[-1]), np.int32(n_used), np.int32(x.ndim == 3)))
     return xg
+
+
+def gather_q8(k, x8: tuple, order, n_used: int, per_pair: bool) -> tuple:
+    """quantize_q8's form (values (R, in), scales (R, in // 32, 2)) of rows x (T, in), or of x
+    (P, in) if per_pair, for the pairs in order (P,) -> the same form of (P, in)."""
+    xq, xs = x8
+    check(xq, np.int8, "xq")
+    check(xs, np.float32, "xs")
+    check(order, np.int32, "order")
+    n = xq.shape[1]
+    xgq, xgs = k.xp.empty((order.size, n), np.int8), k.xp.empty((order.size, *xs.shape[1:]), np.float32)
+    if xgq.size:
+        k.function("moe_gather", "moe_gather_q8")(
+            (cdiv(xgq.size // 4, _THREADS),), (_THREADS,),
+            (xq, xs, order, xgq, xgs, np.int32(order.size), np.int32(n), np.int32(n_used), np.int32(per_pair)))
+    return xgq, xgs
 
 
 def scale_rows(k, x, s):

@@ -34,6 +34,9 @@ MATVEC_ROWS2_TYPES = {"float": frozenset({QType.Q4_K, QType.Q8_0}), "int8": froz
 MATVEC_ROWS2_MIN = 4096
 # Few-token products of these types can multiply 8-bit activations (matvec_q8.cu, dot_q8.cuh).
 INT8_TYPES = frozenset({QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
+# Types matmul_q8_mma multiplies on int8 tensor cores (mma_runs.cuh): a prompt's products, and
+# mixture-of-experts prompts' expert products (cuda_experts).
+MMA_TYPES = INT8_TYPES | {QType.Q5_0, QType.Q5_1, QType.Q5_K, QType.Q3_K, QType.MXFP4}
 Q8_RUN = 32              # activations quantized per run of this many, each with its step and sum
 # One token's 8-bit products with two matrices of these types (first, second) sharing an input run
 # in one launch (matvec_q8_pair): q and k beside a v of more bits, as in llama.cpp's Q4_K_M.
@@ -98,9 +101,9 @@ def upload(xp, raw: np.ndarray, qtype: QType, in_products: bool) -> QuantMatrix:
 
 def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None, add=None):
     """x (T, in) float32 · W (out, in)ᵀ -> (T, out) float32, plus add (T, out) where given (in the
-    matrix-vector kernels' epilogue); products with a matrix of INT8_TYPES multiply x8
-    (quantize_q8(k, x)) instead where given: below GEMM_MIN_TOKENS in matvec_q8, from there on in
-    matmul_q8_mma."""
+    matrix-vector kernels' epilogue); products multiply x8 (quantize_q8(k, x)) instead where given:
+    below GEMM_MIN_TOKENS with a matrix of INT8_TYPES in matvec_q8, from there on with one of
+    MMA_TYPES in matmul_q8_mma."""
     check(x, np.float32, "x")
     n_tok = x.shape[0]
     assert x.shape[1] == w.cols, f"x has {x.shape[1]} features, the matrix {w.cols}"
@@ -115,7 +118,7 @@ def matmul(k, x, w: QuantMatrix, scratch: Scratch, x8=None, add=None):
             else:
                 matvec(k, x[t0:t1], w, y[t0:t1], add=rows)
         return y
-    if x8 is not None and w.qtype in INT8_TYPES:
+    if x8 is not None and w.qtype in MMA_TYPES:
         matmul_q8_mma(k, x8, w, y, mma_rows(k, w, n_tok))
         return y if add is None else cuda_ops.add(k, add, y)
     x16 = k.xp.empty(x.shape, np.float16)
@@ -218,7 +221,7 @@ def int8_pays(ws: list[QuantMatrix]) -> bool:
 def mma_pays(k, ws: list[QuantMatrix]) -> bool:
     """Whether many tokens' products sharing an input are worth quantizing it for: where the GPU
     has int8 tensor cores and one of the matrices has a type matmul_q8_mma takes."""
-    return k.int8_mma and any(w.qtype in INT8_TYPES for w in ws)
+    return k.int8_mma and any(w.qtype in MMA_TYPES for w in ws)
 
 
 def q8_buffers(xp, shape: tuple[int, int]) -> tuple:
@@ -294,14 +297,14 @@ def mma_rows(k, w: QuantMatrix, n_tok: int) -> int:
 
 
 def matmul_q8_mma(k, x8: tuple, w: QuantMatrix, y, rows: int = MMQ_ROWS) -> None:
-    """y (T, out) = x · Wᵀ for W of INT8_TYPES, x as quantize_q8 made it, on int8 tensor cores:
+    """y (T, out) = x · Wᵀ for W of MMA_TYPES, x as quantize_q8 made it, on int8 tensor cores:
     tiles of `rows` (MMQ_ROWS or half that) rows by MMQ_TOKENS tokens, any T."""
     xq, xs = x8
     check(xq, np.int8, "xq")
     check(xs, np.float32, "xs")
     check(w.raw, np.uint8, "w")
     check(y, np.float32, "y")
-    assert w.qtype in INT8_TYPES and xq.shape[1] == w.cols and y.shape == (xq.shape[0], w.rows)
+    assert w.qtype in MMA_TYPES and xq.shape[1] == w.cols and y.shape == (xq.shape[0], w.rows)
     assert rows in (MMQ_ROWS, MMQ_ROWS // 2)
     form = "" if rows == MMQ_ROWS else f"_rows{rows}"
     k.function("matmul_q8_mma", f"matmul_q8_mma{form}_{TYPE_SUFFIX[w.qtype]}")(
