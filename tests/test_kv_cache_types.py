@@ -257,7 +257,7 @@ def test_stats_report_the_kv_cache_and_what_it_saves(env):
 
 def test_the_default_cache_is_f16_and_f32_stays_on_offer(env):
     """As llama.cpp's: keys and values are held in f16 unless -ctk/-ctv say otherwise, and --stats
-    gives its size; -ctk f32 -ctv f32 holds float32, twice as much."""
+    gives its size, as `info` counts it; -ctk f32 -ctv f32 holds float32, twice as much."""
     model = Model(GGUFFile(need(TINY)), NumpyBackend())
     assert {(kv.type_k, kv.type_v) for kv in model.new_context(8).cache.kv if kv is not None} == {("f16", "f16")}
     cfg = ModelConfig.from_gguf(GGUFFile(TINY))
@@ -270,6 +270,8 @@ def test_the_default_cache_is_f16_and_f32_stays_on_offer(env):
     m = re.search(r"KV cache ([\d.]+) MiB for -c 256 \(f32/f32, ([\d.]+) MiB more than f16/f16\)", f32.stderr)
     assert m and float(m.group(1)) == pytest.approx(2 * f16, abs=0.01), f32.stderr
     assert float(m.group(2)) == pytest.approx(f16, abs=0.01)
+    info = json.loads(llogos(env, "info", str(need(TINY)), "--json").stdout)["cpu_weights"]
+    assert info["bytes_needed"] == memory.need(GGUFFile(TINY), cfg, info["held"], info["ctx"], "f16", "f16").total
 
 
 # ------------------------------------------------------------------ memory and errors

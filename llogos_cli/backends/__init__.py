@@ -82,8 +82,9 @@ from llogos_cli.errors import LlogosError
 
 BACKENDS = ("cpu", "cuda", "auto")
 CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0", "iq4_nl")   # llama.cpp's -ctk/-ctv names
-# Both backends' KV cache type unless asked otherwise, as llama.cpp's: half f32's memory, and its
-# attention reads f16 as stored. The 2^-11 rounding of each K and V element is the whole difference.
+# Both backends' KV cache type unless asked otherwise, as llama.cpp's: half f32's memory, and each
+# backend's attention reads f16 where it lies. Rounding each key and value to within 2^-11 of itself
+# is all it changes; recurrent layers' state is float32 whatever the cache type.
 DEFAULT_CACHE_TYPE = "f16"
 # Elements per block of each block-quantized cache type (32 for all of them).
 CACHE_BLOCKS = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]][0] for name in ("q8_0", "q4_0", "iq4_nl")}
