@@ -2,6 +2,7 @@
 the compiled attention's reading of f16, q8_0 and the 4-bit rows costs (docs/PERF.md, kvattn).
 
     PYTHONPATH=. python bench/bench_kv_types.py MODEL [--threads 1] [--tokens 24] [--depths 16,1536,4096]
+    PYTHONPATH=. python bench/bench_kv_types.py MODEL --peak-rss 8192 [--types f32,f16]
 
 MODEL is a models.toml name or a .gguf path, loaded with --cpu-weights quantized. The cache is
 filled to each depth with random rows through the backend's own store (attention's cost depends on
@@ -9,9 +10,15 @@ how many positions it reads, not on what they hold, and a prompt of thousands of
 most of the run), then --tokens decode steps of each type are timed in turn, --rounds times; the
 least CPU ms a token is printed, at one thread by default, where no thread waits for another and CPU time holds on a busy
 machine.
+
+--peak-rss CTX instead loads the model at -c CTX once for each type, in a process of its own,
+fills the whole context the same way and decodes a token: the peak resident memory of each (the
+CPU's cache pages are touched only as positions fill, so an emptier context would hide the cache).
 """
 
 import argparse
+import multiprocessing
+import resource
 import time
 
 import llogos_cli  # noqa: F401  (before NumPy: llogos' thread settings)
@@ -45,6 +52,14 @@ def cpu_ms(model, ctx, n: int) -> float:
     return (time.process_time() - start) / n * 1e3
 
 
+def peak_rss_mib(model_name: str, cache_type: str, n_ctx: int) -> float:
+    """Peak resident MiB of this (fresh) process after a full context of cache_type."""
+    model = load(model_name, "cpu", "quantized", n_ctx=n_ctx, cache_types=(cache_type, cache_type),
+                 threads=(1, 1)).model
+    filled(model, cache_type, n_ctx - 4, 2)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -53,7 +68,14 @@ def main() -> None:
     parser.add_argument("--depths", default="16,1536,4096")
     parser.add_argument("--types", default=",".join(TYPES), help="the first is the one the others are set beside")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peak-rss", type=int, metavar="CTX", help="peak RSS at a full -c CTX of each type instead")
     args = parser.parse_args()
+    if args.peak_rss:
+        with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+            for t in args.types.split(","):
+                mib = pool.apply(peak_rss_mib, (args.model, t, args.peak_rss))
+                print(f"| {t} | -c {args.peak_rss} full | {mib:.0f} MiB peak RSS |")
+        return
     depths = [int(d) for d in args.depths.split(",")]
     model = load(args.model, "cpu", "quantized", n_ctx=max(depths) + args.tokens + 8,
                  threads=(args.threads, args.threads)).model

@@ -14,6 +14,14 @@ from llogos_cli.errors import LlogosError
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FIXTURES = SHARED / "fixtures"
 REFERENCE = SHARED / "reference"
+# Cache types for a test of the forward pass's exactness against float32 (HF transformers' logits,
+# tolerances of float32 rounding): the default f16 cache rounds each key and value by up to 2^-11 of
+# itself, more than those tolerances allow once it has passed through every layer. Also for a test
+# that two routes through the engine (batched and alone, paged, resumed) agree to float32 rounding:
+# a key two routes compute a float32 step apart can round to neighbouring f16 values, a whole f16
+# step (2^-10 of itself) apart. What f16 does to one attention is bounded in test_kv_cache_types.py;
+# llama.cpp's references (made with f16 caches) are matched with the default.
+EXACT_KV = ("f32", "f32")
 
 
 # The user cache's folders whose entries are named by what they were built from (the kernels'

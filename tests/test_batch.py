@@ -14,7 +14,7 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, need, relative_error
+from tests.conftest import EXACT_KV, FIXTURES, need, relative_error
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen35", "tiny-gemma3"]
 
@@ -49,8 +49,8 @@ def test_mixed_batches_give_the_logits_of_each_sequence_alone(name):
     m, _ = load(name)
     rng = np.random.default_rng(1)
     seqs = [rng.integers(3, m.cfg.n_vocab, n).astype(np.int32) for n in LENGTHS]
-    alone = [m.forward_seq(m.new_context(32), s, all_logits=True) for s in seqs]
-    cache = m.new_cache(3, 32)
+    alone = [m.forward_seq(m.new_context(32, *EXACT_KV), s, all_logits=True) for s in seqs]
+    cache = m.new_cache(3, 32, *EXACT_KV)
     done = [0] * len(seqs)
     for step in STEPS:
         parts = []

@@ -22,7 +22,7 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, copy_gguf, need
+from tests.conftest import EXACT_KV, FIXTURES, copy_gguf, need
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
 from tests.test_prefix_reuse import OWN_FIXTURES
 from tests.test_server import Server, openai
@@ -50,7 +50,7 @@ def load(path, **backend):
 
 
 def run(model, tok, n_predict: int, n_keep: int, shift: bool = True, prefix_cache: int = 0, n_slots: int = 1):
-    engine = BatchEngine(model, tok, n_slots, N_CTX, prefix_cache_bytes=prefix_cache, context_shift=shift)
+    engine = BatchEngine(model, tok, n_slots, N_CTX, EXACT_KV, prefix_cache_bytes=prefix_cache, context_shift=shift)
     request = Request(0, PROMPT, SamplingParams(temp=0.0), StopCriteria(n_predict, ignore_eos=True), TOP,
                       n_keep=n_keep)
     return next(iter(engine.generate([request])))
@@ -64,7 +64,7 @@ def reference(model, tok, n_predict: int, n_keep: int):
         if len(held) > N_CTX:
             keep, drop = plan(n_keep, PROMPT, tok.bos_id, len(held) - 1, N_CTX)
             del held[keep:keep + drop]
-        ctx = model.new_context(N_CTX)
+        ctx = model.new_context(N_CTX, *EXACT_KV)   # the shift's turn on float32 keys: rounding alone
         logits = model.forward(ctx.cache, Batch.run(held, 0, 0, [len(held) - 1]))[0]
         lp = log_softmax(np.asarray(logits, np.float64))
         best = int(np.argmax(logits))
@@ -118,6 +118,29 @@ def test_the_shift_turns_keys_back_by_the_positions_they_move():
         assert np.allclose(keys[0, :, src - delta:src - delta + n].transpose(1, 0, 2), moved, atol=1e-5)
         assert np.array_equal(values[0, :, src - delta:src - delta + n].transpose(1, 0, 2), raw_v[src:])
         assert np.allclose(keys[0, :, :src - delta].transpose(1, 0, 2), b.rope(raw_k[:src - delta], pos[:src - delta], *rope))
+
+
+def test_the_shift_of_an_f16_cache_adds_one_rounding_of_the_turned_keys():
+    """The default cache: a stored key is within 2^-11 of each element of rope(k, p); turning the
+    pair back by d keeps the error vector's length (a rotation), then the turned key is rounded
+    again, so each element of the result is within 2^-11 (|pair| + |element|) of rope(k, p - d)."""
+    b = NumpyBackend()
+    rng = np.random.default_rng(1)
+    n_kv, dk, n, delta, src = 2, 8, 10, 3, 7
+    raw_k, raw_v = rng.standard_normal((src + n, n_kv, dk), np.float32), rng.standard_normal((src + n, n_kv, dk), np.float32)
+    rope = (dk, 500.0, 1.0, True, None)
+    pos = np.arange(src + n, dtype=np.int32)
+    cache = b.kv_cache(1, src + n, n_kv, dk, dk, "f16", "f16")
+    b.kv_store(cache, b.rope(raw_k, pos, *rope), raw_v, b.batch_layout(np.zeros(src + n, np.int32), pos))
+    b.kv_shift(cache, 0, src, n, delta, rope)
+    keys, values = cache.gather(np.zeros(1, np.int32), src + n)
+    moved = b.rope(raw_k[src:], pos[src:] - delta, *rope)                                     # (n, n_kv, dk)
+    got = keys[0, :, src - delta:src - delta + n].transpose(1, 0, 2)
+    pairs = np.hypot(moved[..., :dk // 2], moved[..., dk // 2:])                             # neox: i and i + dk/2
+    bound = 2 ** -11 * (np.concatenate([pairs, pairs], axis=-1) + np.abs(moved)) + 1e-6
+    assert np.all(np.abs(got - moved) <= bound) and np.abs(got - moved).max() > 0
+    assert np.array_equal(values[0, :, src - delta:src - delta + n].transpose(1, 0, 2),
+                          raw_v[src:].astype(np.float16).astype(np.float32))
 
 
 def test_without_the_shift_it_stops_at_the_context_as_before(tmp_path):

@@ -269,7 +269,7 @@ def test_bench_models_load_and_run(backend, tmp_path, mix, hybrid, types):
     cpu, gpu = Model(f, CPU), Model(f, backend)
     assert gpu.cfg.recurrent == ((True, True, True, False) if hybrid else (False,) * 3)
     ids = np.arange(5, dtype=np.int32) * 7
-    want = cpu.forward_seq(cpu.new_context(16), ids, all_logits=True)
+    want = cpu.forward_seq(cpu.new_context(16, "f32", "f32"), ids, all_logits=True)
     got = backend.to_host(gpu.forward_seq(gpu.new_context(16, "f32", "f32"), ids, all_logits=True))
     assert np.all(np.isfinite(want)) and np.abs(want).max() > 1e-3
     assert relative(got, want) < 2e-5

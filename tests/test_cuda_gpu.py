@@ -52,7 +52,7 @@ def test_real_shapes_match_the_cpu_backend(backend, real_shapes, name):
     f = real_shapes[name]
     cpu, gpu = Model(f, CPU), Model(f, backend)
     ids = np.random.default_rng(5).integers(2, cpu.cfg.n_vocab, 45).astype(np.int32)
-    c_ctx, g_ctx = cpu.new_context(64), gpu.new_context(64, "f32", "f32")  # f32 caches on both
+    c_ctx, g_ctx = cpu.new_context(64, "f32", "f32"), gpu.new_context(64, "f32", "f32")  # f32 caches on both
     # A long prompt (f16 GEMMs: activations and weights rounded to half precision, unit roundoff
     # 2^-11, through every product of the layers and the output; such operands land between 1e-3
     # and 1e-2), then single tokens and a short batch (matrix-vector kernels).
@@ -61,7 +61,7 @@ def test_real_shapes_match_the_cpu_backend(backend, real_shapes, name):
         got = backend.to_host(gpu.forward_seq(g_ctx, chunk, all_logits=True))
         assert np.all(np.isfinite(got)) and relative(got, want) < tolerance, len(chunk)
     # Decoding over a prompt that went through the matrix-vector path agrees to float32 accuracy.
-    c_ctx, g_ctx = cpu.new_context(64), gpu.new_context(64, "f32", "f32")
+    c_ctx, g_ctx = cpu.new_context(64, "f32", "f32"), gpu.new_context(64, "f32", "f32")
     for t in range(6):
         want = cpu.forward_seq(c_ctx, ids[t:t + 1])
         got = backend.to_host(gpu.forward_seq(g_ctx, ids[t:t + 1]))
@@ -78,7 +78,7 @@ def test_batched_decode_of_real_shapes_matches_the_cpu_backend(backend, real_sha
     lengths = rng.integers(1, 12, rows)
     prompts = Batch.join([Batch.run(rng.integers(2, cpu.cfg.n_vocab, n), slot, 0, [n - 1])
                           for slot, n in enumerate(lengths)])
-    c_cache, g_cache = cpu.new_cache(rows, 32), gpu.new_cache(rows, 32, "f32", "f32")
+    c_cache, g_cache = cpu.new_cache(rows, 32, "f32", "f32"), gpu.new_cache(rows, 32, "f32", "f32")
     want = cpu.forward(c_cache, prompts)
     assert relative(backend.to_host(gpu.forward(g_cache, prompts)), want) < 3e-3
     step = GraphDecoder(gpu, g_cache).step

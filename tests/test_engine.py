@@ -11,7 +11,7 @@ from llogos_cli.engine.stops import StopCriteria, StopFilter
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, need, relative_error
+from tests.conftest import EXACT_KV, FIXTURES, need, relative_error
 
 
 def model(name: str) -> tuple[Model, Tokenizer]:
@@ -31,7 +31,7 @@ def first_logprobs(engine: BatchEngine, req: Request) -> tuple[np.ndarray, int]:
 
 
 def fresh(m, tok, req: Request) -> np.ndarray:
-    return first_logprobs(BatchEngine(m, tok, 1, 64, prefix_cache_bytes=0), req)[0]
+    return first_logprobs(BatchEngine(m, tok, 1, 64, EXACT_KV, prefix_cache_bytes=0), req)[0]
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-f32", "tiny-qwen35-f32"])
@@ -39,7 +39,7 @@ def test_a_parked_slot_is_continued_to_the_token(name):
     m, tok = model(name)
     rng = np.random.default_rng(0)
     prompt, more = (rng.integers(3, m.cfg.n_vocab, n).tolist() for n in (21, 4))
-    engine = BatchEngine(m, tok, 1, 64, prefix_cache_bytes=0, keep_slots=True)
+    engine = BatchEngine(m, tok, 1, 64, EXACT_KV, prefix_cache_bytes=0, keep_slots=True)
     gen = Generation(engine, request("a", prompt, 5))
     reply = [t.id for t in gen]
     assert gen.timings.prompt_n == len(prompt)
@@ -57,7 +57,7 @@ def test_a_parked_slot_is_continued_to_the_token(name):
 def test_recurrent_state_resumes_from_the_mark_when_a_reply_renders_differently():
     m, tok = model("tiny-qwen35-f32")
     prompt, other = [5, 6, 7, 8, 9, 10], [14, 15, 16, 17]
-    engine = BatchEngine(m, tok, 1, 64, keep_slots=True)
+    engine = BatchEngine(m, tok, 1, 64, EXACT_KV, keep_slots=True)
     list(Generation(engine, request("a", prompt, 4)))
     # The reply re-tokenizes differently in the next prompt: the state cannot step back to the
     # point of difference, so it resumes from the mark before the prompt's last token.
@@ -76,7 +76,7 @@ def test_a_shared_block_is_copied_where_a_parked_row_parts_from_it():
     rng = np.random.default_rng(1)
     prompt = rng.integers(3, m.cfg.n_vocab, 40).tolist()
     other = prompt[:20] + rng.integers(3, m.cfg.n_vocab, 6).tolist()
-    engine = BatchEngine(m, tok, 1, 64, keep_slots=True)
+    engine = BatchEngine(m, tok, 1, 64, EXACT_KV, keep_slots=True)
     list(Generation(engine, request("a", prompt, 3)))
     logprobs, evaluated = first_logprobs(engine, request("b", other, 2))
     assert evaluated == len(other) - 20

@@ -16,12 +16,12 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig
 from llogos_cli.model.forward import Model
 from llogos_cli.model.yarn import yarn_rotation
-from tests.conftest import assert_decisive_choices_kept, copy_gguf, relative_error
+from tests.conftest import EXACT_KV, assert_decisive_choices_kept, copy_gguf, relative_error
 from tests.test_model_fixtures import COMMITTED, load
 
 
-def prefill(model, ids) -> np.ndarray:
-    return model.forward_seq(model.new_context(64), np.asarray(ids, np.int32), all_logits=True)
+def prefill(model, ids) -> np.ndarray:   # against the float32 oracle: float32 keys and values
+    return model.forward_seq(model.new_context(64, *EXACT_KV), np.asarray(ids, np.int32), all_logits=True)
 
 
 def test_config_reads_gpt_oss():

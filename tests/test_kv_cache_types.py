@@ -122,16 +122,19 @@ def test_attention_reads_exactly_the_decoded_cache(type_k, type_v, paged):
     assert relative_error(_attend(backend, type_k, type_v, keys, values, q, paged), want) < 1e-5
 
 
-@pytest.mark.parametrize("cache_type", PACKED)
-def test_attention_over_a_4_bit_cache_stays_within_the_rounding_bound(cache_type):
+@pytest.mark.parametrize("cache_type", [*PACKED, "f16"])
+def test_attention_over_a_rounded_cache_stays_within_the_rounding_bound(cache_type):
     """out = sum p_j v_j moves by at most the largest value error plus (as the weights move by at
     most 2 max|ds| in sum, and sum to 1 still) 2 max|ds| max|v|, ds the scores' errors q.(k' - k)
-    scale; well inside it on random data, where the errors average out."""
+    scale; well inside it on random data, where the errors average out. f16 (the default) is the
+    finest: each element within 2^-11 of itself (2^-25 of the subnormals')."""
     backend = NumpyBackend()
     rng = np.random.default_rng(6)
     keys, values = rng.standard_normal((2, 64, 2, 64)).astype(np.float32)
     q = rng.standard_normal((4, 6, 64)).astype(np.float32)
-    k2, v2 = (kv_quant.dequantize(kv_quant.quantize(x, cache_type), cache_type) for x in (keys, values))
+    k2, v2 = (_decoded(x, cache_type) for x in (keys, values))
+    if cache_type == "f16":
+        assert np.all(np.abs(v2 - values) <= 2 ** -11 * np.abs(values) + 2 ** -25)   # half a subnormal step below 2^-14
     group = q.reshape(4, 2, 3, 64)                                                   # (t, kv, g, dk)
     ds = 0.125 * np.abs(np.einsum("tkgd,nkd->tkgn", group, k2 - keys)).max()
     bound = np.abs(v2 - values).max() + 2 * ds * np.abs(v2).max()
@@ -220,11 +223,11 @@ def _generate(env, *args) -> str:
 
 def test_generate_batch_and_serve_run_with_q4_0_caches(env, tmp_path):
     """The option reaches the engine on every surface: batch and the server continue the prompt
-    as generate does with the same cache, which float32 continues otherwise (-fa off too: llogos'
-    one fused attention reads quantized values, where llama.cpp needs flash attention for them)."""
+    as generate does with the same cache, which the default f16 continues otherwise (-fa off too:
+    llogos' one fused attention reads quantized values, where llama.cpp needs flash attention for them)."""
     flags = ("-ctk", "q4_0", "-ctv", "q4_0")
     text = _generate(env, *flags, "-fa", "off")
-    assert text != _generate(env)   # float32 chooses differently somewhere in 12 random-weight steps
+    assert text != _generate(env)   # f16 chooses differently somewhere in 12 random-weight steps
 
     r = llogos(env, "batch", "-m", str(TINY), "-n", "12", "--temp", "0", "--ignore-eos", *flags, stdin=PROMPT + "\n")
     assert r.returncode == 0, r.stderr
@@ -250,6 +253,25 @@ def test_stats_report_the_kv_cache_and_what_it_saves(env):
     assert m, r.stderr
     assert float(m.group(1)) == pytest.approx(size, abs=0.01)
     assert float(m.group(2)) == pytest.approx(f16 - size, abs=0.01) and size < f16 / 3
+
+
+def test_the_default_cache_is_f16_and_f32_stays_on_offer(env):
+    """As llama.cpp's: keys and values are held in f16 unless -ctk/-ctv say otherwise, and --stats
+    gives its size, as `info` counts it; -ctk f32 -ctv f32 holds float32, twice as much."""
+    model = Model(GGUFFile(need(TINY)), NumpyBackend())
+    assert {(kv.type_k, kv.type_v) for kv in model.new_context(8).cache.kv if kv is not None} == {("f16", "f16")}
+    cfg = ModelConfig.from_gguf(GGUFFile(TINY))
+    f16 = 256 * memory.kv_bytes_per_position(cfg, "cpu", "f16", "f16") / memory.MiB
+    default, f32 = (llogos(env, "generate", "-m", str(need(TINY)), "-p", PROMPT, "-n", "2", "-c", "256", "--stats", *flags)
+                    for flags in ((), ("-ctk", "f32", "-ctv", "f32")))
+    assert default.returncode == 0 and f32.returncode == 0, default.stderr + f32.stderr
+    m = re.search(r"KV cache ([\d.]+) MiB for -c 256 \(f16/f16\)", default.stderr)
+    assert m and float(m.group(1)) == pytest.approx(f16, abs=0.01), default.stderr
+    m = re.search(r"KV cache ([\d.]+) MiB for -c 256 \(f32/f32, ([\d.]+) MiB more than f16/f16\)", f32.stderr)
+    assert m and float(m.group(1)) == pytest.approx(2 * f16, abs=0.01), f32.stderr
+    assert float(m.group(2)) == pytest.approx(f16, abs=0.01)
+    info = json.loads(llogos(env, "info", str(need(TINY)), "--json").stdout)["cpu_weights"]
+    assert info["bytes_needed"] == memory.need(GGUFFile(TINY), cfg, info["held"], info["ctx"], "f16", "f16").total
 
 
 # ------------------------------------------------------------------ memory and errors

@@ -79,7 +79,7 @@ def test_estimates_for_float32_and_cuda_weights_leave_numba_unloaded():
 
 def test_model_that_does_not_fit_is_refused_before_loading(tiny, monkeypatch):
     f, cfg = tiny
-    quantized = memory.need(f, cfg, "quantized", 256, "f32", "f32").total
+    quantized = memory.need(f, cfg, "quantized", 256, "f16", "f16").total   # with the default KV cache
     monkeypatch.setattr(memory, "host_available", lambda: quantized - 1)
     monkeypatch.setattr(forward.Model, "__init__", lambda *a: pytest.fail("weights were read"))
     with pytest.raises(LlogosError) as e:
@@ -91,7 +91,7 @@ def test_model_that_does_not_fit_is_refused_before_loading(tiny, monkeypatch):
 
 def test_f32_that_does_not_fit_suggests_quantized_and_auto_takes_it(tiny, monkeypatch):
     f, cfg = tiny
-    f32 = memory.need(f, cfg, "f32", 256, "f32", "f32").total
+    f32 = memory.need(f, cfg, "f32", 256, "f16", "f16").total   # with the default KV cache
     monkeypatch.setattr(memory, "host_available", lambda: f32 - 1)
     with pytest.raises(LlogosError, match="--cpu-weights quantized"):
         loader.load(str(TINY), "cpu", "f32", n_ctx=256)

@@ -20,12 +20,12 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import copy_gguf, relative_error
+from tests.conftest import EXACT_KV, copy_gguf, relative_error
 from tests.test_model_fixtures import COMMITTED as FIXTURES
 from tests.test_model_fixtures import FAMILIES, load
 
-def prefill(model: Model, ids, n_ctx: int = 64) -> np.ndarray:
-    return model.forward_seq(model.new_context(n_ctx), np.asarray(ids, np.int32), all_logits=True)
+def prefill(model: Model, ids, n_ctx: int = 64, cache_types: tuple = (None, None)) -> np.ndarray:
+    return model.forward_seq(model.new_context(n_ctx, *cache_types), np.asarray(ids, np.int32), all_logits=True)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -71,8 +71,8 @@ def test_contexts_past_the_original_length_take_phi3s_long_rope_factors(quant):
     model, _ = load("tiny-phi3-longrope", quant)
     suffix = "" if quant == "f32" else f"-{quant}"
     long = np.load(FIXTURES / f"tiny-phi3-longrope-long{suffix}.oracle.npz")
-    assert relative_error(prefill(model, long["ids"], n_ctx=65), long["logits"]) < 1e-4
-    assert relative_error(prefill(model, long["ids"], n_ctx=64), long["logits"]) > 1e-2
+    assert relative_error(prefill(model, long["ids"], 65, EXACT_KV), long["logits"]) < 1e-4
+    assert relative_error(prefill(model, long["ids"], 64, EXACT_KV), long["logits"]) > 1e-2
 
 
 # ------------------------------------------------------------------ each family's traits

@@ -11,7 +11,7 @@ import pytest
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
-from tests.conftest import FIXTURES, copy_gguf, need, relative_error
+from tests.conftest import EXACT_KV, FIXTURES, copy_gguf, need, relative_error
 
 COMMITTED = Path(__file__).resolve().parent / "fixtures"
 FAMILIES = ["tiny-gemma2", "tiny-phi3", "tiny-phi3-longrope", "tiny-granite", "tiny-olmo2", "tiny-smollm3", "tiny-lfm2",
@@ -33,14 +33,14 @@ def load(name: str, quant: str = "f32") -> tuple[Model, dict]:
 @pytest.mark.parametrize("name,quant", CASES)
 def test_prefill_logits_match_oracle(name, quant):
     model, oracle = load(name, quant)
-    logits = model.forward_seq(model.new_context(64), oracle["ids"].astype(np.int32), all_logits=True)
+    logits = model.forward_seq(model.new_context(64, *EXACT_KV), oracle["ids"].astype(np.int32), all_logits=True)
     assert relative_error(logits, oracle["logits"]) < 1e-4
 
 
 @pytest.mark.parametrize("name,quant", CASES)
 def test_decode_one_token_at_a_time_matches_oracle(name, quant):
     model, oracle = load(name, quant)
-    ctx = model.new_context(64)
+    ctx = model.new_context(64, *EXACT_KV)
     rows = [model.forward_seq(ctx, oracle["ids"][i:i + 1].astype(np.int32))[0] for i in range(len(oracle["ids"]))]
     assert relative_error(np.stack(rows), oracle["logits"]) < 1e-4
 
@@ -48,7 +48,7 @@ def test_decode_one_token_at_a_time_matches_oracle(name, quant):
 @pytest.mark.parametrize("name,quant", CASES)
 def test_greedy_continuation_matches_oracle(name, quant):
     model, oracle = load(name, quant)
-    ctx = model.new_context(64)
+    ctx = model.new_context(64, *EXACT_KV)
     logits = model.forward_seq(ctx, oracle["greedy_prefix"].astype(np.int32))[-1]
     generated = []
     for _ in range(len(oracle["greedy"])):
@@ -62,7 +62,7 @@ def test_sliding_window_changes_gemma3_logits():
     model, oracle = load("tiny-gemma3", "f32")
     assert set(model.cfg.window) == {8}
     model.cfg = dataclasses.replace(model.cfg, window=(0,) * model.cfg.n_layer)
-    logits = model.forward_seq(model.new_context(64), oracle["ids"].astype(np.int32), all_logits=True)
+    logits = model.forward_seq(model.new_context(64, *EXACT_KV), oracle["ids"].astype(np.int32), all_logits=True)
     assert relative_error(logits[:8], oracle["logits"][:8]) < 1e-4
     assert relative_error(logits[8:], oracle["logits"][8:]) > 1e-2
 
@@ -80,7 +80,7 @@ def test_rope_freqs_divide_each_pairs_frequency(tmp_path):
                        meta={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0})
 
     def logits(model: Model) -> np.ndarray:
-        return model.forward_seq(model.new_context(32), ids, all_logits=True)
+        return model.forward_seq(model.new_context(32, *EXACT_KV), ids, all_logits=True)
 
     by_factors = logits(Model(GGUFFile(with_factors), NumpyBackend()))
     np.testing.assert_allclose(by_factors, logits(Model(GGUFFile(scaled), NumpyBackend())), rtol=1e-5, atol=1e-5)

@@ -15,7 +15,7 @@ from llogos_cli.model import memory
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, need, relative_error
+from tests.conftest import EXACT_KV, FIXTURES, need, relative_error
 from tests.test_batch import FAMILIES, greedy_alone, load
 from tests.test_prefix_reuse import NEW_FAMILIES, OWN_FIXTURES
 
@@ -56,9 +56,9 @@ def test_a_paged_cache_gives_the_logits_of_each_sequence_alone(name):
     share = not any(m.cfg.recurrent)
     if share:
         seqs[2][:SHARED] = seqs[0][:SHARED]
-    alone = [m.forward_seq(m.new_context(N_CTX), s, all_logits=True) for s in seqs]
+    alone = [m.forward_seq(m.new_context(N_CTX, *EXACT_KV), s, all_logits=True) for s in seqs]
     n_rows = -(-N_CTX // B)
-    cache = m.new_cache(4, N_CTX, n_blocks=4 * n_rows, block_size=B)
+    cache = m.new_cache(4, N_CTX, *EXACT_KV, n_blocks=4 * n_rows, block_size=B)
     tables = rng.permutation(4 * n_rows).reshape(4, n_rows).astype(np.int32)
     done = [0] * len(seqs)
     if share:

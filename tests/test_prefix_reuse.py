@@ -19,7 +19,7 @@ from llogos_cli.model import memory
 from llogos_cli.model.batch import Batch
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, need
+from tests.conftest import EXACT_KV, FIXTURES, need
 from tests.emu.emulator import EmuKernels
 from tests.test_batch import FAMILIES, load
 from tests.test_cli import env, llogos  # noqa: F401  (env is a fixture)
@@ -105,7 +105,7 @@ def test_a_later_prompt_reuses_whole_blocks_and_recomputes_at_least_its_last_tok
 def test_reused_prefix_gives_the_logits_of_the_whole_prompt_run_alone(name):
     m, tok = load(name)
     ps = prompts(m.cfg.n_vocab)
-    engine = BatchEngine(m, tok, 2, 128, prefix_cache_bytes=CACHE)
+    engine = BatchEngine(m, tok, 2, 128, EXACT_KV, prefix_cache_bytes=CACHE)
     run(engine, [request("a", ps["a"], n_predict=1)])
     row_logits = {}
     original = engine.runner._sample
@@ -119,7 +119,7 @@ def test_reused_prefix_gives_the_logits_of_the_whole_prompt_run_alone(name):
     got = run(engine, [request("b", ps["b"], n_predict=1), request("same", ps["same"], n_predict=1)])
     assert got["b"].prefix_hit == 32 and got["same"].prefix_hit == 48
     for rid in ("b", "same"):
-        alone = m.forward_seq(m.new_context(128), np.array(ps[rid], np.int32))[0]
+        alone = m.forward_seq(m.new_context(128, *EXACT_KV), np.array(ps[rid], np.int32))[0]
         assert np.abs(row_logits[rid] - alone).max() / np.abs(alone).max() < 1e-5, (name, rid)
 
 
@@ -203,14 +203,14 @@ def test_the_cuda_backend_reuses_prefixes_the_same_way(monkeypatch):
 
 def test_the_pool_holds_the_slots_and_cache_ram_within_half_the_free_memory_and_one_context_at_least(monkeypatch):
     m, _ = load("tiny-llama")
-    per_position = memory.kv_bytes_per_position(m.cfg, "cpu", "f32", "f32")
+    per_position = memory.kv_bytes_per_position(m.cfg, "cpu", "f16", "f16")   # the default cache
     assert per_position == sum(kv.k[0, :, 0].nbytes + kv.v[0, :, 0].nbytes for kv in m.new_cache(1, 1).kv)
     per_block = BLOCK_SIZE * per_position
     row = 128 // BLOCK_SIZE
 
     def blocks(available, cache_blocks):
         monkeypatch.setattr(memory, "host_available", lambda: available * per_block)
-        return memory.kv_pool_blocks(m.cfg, "cpu", "f32", "f32", BLOCK_SIZE, 4, 128, cache_blocks * per_block)
+        return memory.kv_pool_blocks(m.cfg, "cpu", "f16", "f16", BLOCK_SIZE, 4, 128, cache_blocks * per_block)
 
     assert blocks(1000, 5) == 4 * row + 5        # every slot full, and 5 blocks of --cache-ram
     assert blocks(1000, 0) == 4 * row

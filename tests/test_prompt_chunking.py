@@ -19,7 +19,7 @@ from tests.conftest import FIXTURES, copy_gguf, need
 
 def _logits(model: Model, ids: np.ndarray, cuts: tuple, paged: bool, cache_type: str | None = None) -> np.ndarray:
     """Every token's logits, the prompt run in steps ending at cuts, in slot 0 of a fresh cache (of
-    cache_type, else the backend's default)."""
+    cache_type, else the default, f16)."""
     n_ctx = -(-len(ids) // BLOCK_SIZE) * BLOCK_SIZE
     if paged:   # the slot's blocks out of order in the pool, as the prefix cache hands them out
         n_blocks = n_ctx // BLOCK_SIZE

@@ -7,7 +7,7 @@ import pytest
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
-from tests.conftest import FIXTURES, need, relative_error
+from tests.conftest import EXACT_KV, FIXTURES, need, relative_error
 
 TOLERANCE = 1e-4   # max |Δ| / max |logit|, the fixtures' float32 agreement
 
@@ -25,7 +25,7 @@ def oracle() -> dict:
 
 def run_in_pieces(model: Model, ids: np.ndarray, sizes: list[int]) -> np.ndarray:
     assert sum(sizes) == len(ids)
-    ctx = model.new_context(64)
+    ctx = model.new_context(64, *EXACT_KV)
     bounds = np.cumsum([0] + sizes)
     return np.concatenate([model.forward_seq(ctx, ids[a:b], all_logits=True) for a, b in zip(bounds, bounds[1:])])
 
@@ -33,7 +33,7 @@ def run_in_pieces(model: Model, ids: np.ndarray, sizes: list[int]) -> np.ndarray
 # ------------------------------------------------------------------ whole model
 def test_fixture_is_hybrid(model):
     assert model.cfg.recurrent == (True, True, True, False)
-    ctx = model.new_context(64)
+    ctx = model.new_context(64, *EXACT_KV)
     assert [kv is None for kv in ctx.cache.kv] == [True, True, True, False]
 
 
@@ -47,7 +47,7 @@ def test_logits_match_oracle(model, oracle, sizes):
 def test_recurrent_state_carries_the_past(model, oracle):
     """Clearing the DeltaNet state between two pieces must change the second piece's logits."""
     ids = oracle["ids"].astype(np.int32)
-    ctx = model.new_context(64)
+    ctx = model.new_context(64, *EXACT_KV)
     model.forward_seq(ctx, ids[:10])
     ctx.cache.reset(0)
     logits = model.forward_seq(ctx, ids[10:], all_logits=True)
@@ -56,7 +56,7 @@ def test_recurrent_state_carries_the_past(model, oracle):
 
 def test_a_snapshot_of_the_state_restores(model, oracle):
     ids = oracle["ids"].astype(np.int32)
-    ctx = model.new_context(64)
+    ctx = model.new_context(64, *EXACT_KV)
     model.forward_seq(ctx, ids[:8])
     snap = ctx.cache.snapshot(0)
     model.forward_seq(ctx, ids[8:12])                        # a reply we then throw away

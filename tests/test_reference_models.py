@@ -9,7 +9,7 @@ from llogos_cli.engine.perplexity import perplexity
 from llogos_cli.engine.sampling import SamplingParams
 from llogos_cli.engine.stops import StopCriteria
 from llogos_cli.model.loader import load
-from tests.conftest import REFERENCE, assert_teacher_forced, model_path, need, reference
+from tests.conftest import EXACT_KV, REFERENCE, assert_teacher_forced, model_path, need, reference
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
 
@@ -36,7 +36,7 @@ def test_teacher_forced_logprobs_match_transformers_and_llama_cpp(exact):
     for case in ref["generation"]:
         prompt, generated = case["prompt_ids"], case["llamacpp"]["generated_ids"]
         assert m.tokenizer.encode(case["prompt"]) == prompt
-        ctx = m.model.new_context(256)
+        ctx = m.model.new_context(256, *EXACT_KV)   # held to transformers' float32 logprobs
         logits = m.model.forward_seq(ctx, np.asarray(prompt + generated, np.int32), all_logits=True)
         assert_teacher_forced(logits, case, 2e-3, name)
 
@@ -47,7 +47,7 @@ def test_greedy_generation_reproduces_transformers(exact):
         expected = case["transformers_fp32"]
         gen = Generation.alone(m.model, m.tokenizer, 256, Request(
             0, case["prompt_ids"], SamplingParams(temp=0.0),
-            StopCriteria(n_predict=len(expected["greedy_ids"]), ignore_eos=True), n_logprobs=5))
+            StopCriteria(n_predict=len(expected["greedy_ids"]), ignore_eos=True), n_logprobs=5), EXACT_KV)
         tokens = list(gen)
         assert len(tokens) == len(expected["greedy_ids"])
         for token, step in zip(tokens, expected["greedy_steps"]):
@@ -61,8 +61,8 @@ def test_greedy_generation_reproduces_transformers(exact):
 
 
 def test_greedy_generation_with_integer_products_follows_llama_cpp(loaded):
-    """The default products (8-bit activations, as llama.cpp's) choose llama.cpp's tokens wherever
-    its lead over the second is at least 0.5; closer calls differ by rounding."""
+    """The default products (8-bit activations) and KV cache (f16), as llama.cpp's, choose llama.cpp's
+    tokens wherever its lead over the second is at least 0.5; closer calls differ by rounding."""
     name, m, ref = loaded
     for case in ref["generation"]:
         theirs = case["llamacpp"]

@@ -21,7 +21,7 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model import memory
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, need
+from tests.conftest import EXACT_KV, FIXTURES, need
 from tests.emu.emulator import EmuKernels
 from tests.test_batch import FAMILIES
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
@@ -43,7 +43,8 @@ def repetitive_prompt(n_vocab: int) -> list[int]:
 
 
 def generate(m, tok, prompt, speculation=SpecParams(), n=60, n_logprobs=0, speculator=None, **sampling):
-    engine = BatchEngine(m, tok, 1, 256, prefix_cache_bytes=0, speculation=speculation)
+    # verifying a draft is another route to the same tokens than one at a time: float32 caches
+    engine = BatchEngine(m, tok, 1, 256, EXACT_KV, prefix_cache_bytes=0, speculation=speculation)
     if speculator is not None:
         engine.speculator = speculator
     params = SamplingParams(**({"temp": 0.0} | sampling))
@@ -169,7 +170,7 @@ def test_a_draft_takes_only_free_blocks_and_the_budget_left():
 def test_a_parked_row_continued_after_speculation_equals_a_fresh_run():
     m, tok = load("tiny-llama")
     prompt = repetitive_prompt(m.cfg.n_vocab)
-    engine = BatchEngine(m, tok, 1, 256, prefix_cache_bytes=1 << 20, keep_slots=True, speculation=NGRAM)
+    engine = BatchEngine(m, tok, 1, 256, EXACT_KV, prefix_cache_bytes=1 << 20, keep_slots=True, speculation=NGRAM)
     first = next(iter(engine.generate([Request("a", prompt, SamplingParams(temp=0.0),
                                                StopCriteria(50, ignore_eos=True))])))
     assert first.timings.draft_n_accepted > 0

@@ -17,7 +17,7 @@ from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.forward import Model
 from llogos_cli.tokenizer.tokenizer import Tokenizer
-from tests.conftest import FIXTURES, need
+from tests.conftest import EXACT_KV, FIXTURES, need
 from tests.test_cli import assert_one_line_error, env, llogos  # noqa: F401  (env is a fixture)
 from tests.test_prefix_reuse import OWN_FIXTURES
 from tests.test_speculation import assert_same_logprobs, generate, load, repetitive_prompt
@@ -91,7 +91,7 @@ def test_a_draft_model_of_the_same_vocabulary_drafts_and_leaves_the_output_as_it
     prompt = repetitive_prompt(m.cfg.n_vocab)
     want, _ = generate(m, tok, prompt, n_logprobs=3)
     params = SpecParams(spec_draft_model="tiny-llama-q8_0", draft_max=4, draft_p_min=0.0)
-    engine = BatchEngine(m, tok, 1, 256, prefix_cache_bytes=0, speculation=params, draft_model=draft)
+    engine = BatchEngine(m, tok, 1, 256, EXACT_KV, prefix_cache_bytes=0, speculation=params, draft_model=draft)
     request = Request(0, prompt, SamplingParams(temp=0.0), StopCriteria(60, ignore_eos=True), 3)
     got = next(iter(engine.generate([request])))
     assert got.tokens == want.tokens

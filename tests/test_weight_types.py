@@ -25,7 +25,7 @@ from llogos_cli.gguf.file import GGUFFile
 from llogos_cli.model.config import ModelConfig
 from llogos_cli.model.forward import Model
 from llogos_cli.model.loader import load
-from tests.conftest import FIXTURES, assert_decisive_choices_kept, copy_gguf, need, relative_error
+from tests.conftest import EXACT_KV, FIXTURES, assert_decisive_choices_kept, copy_gguf, need, relative_error
 from tests.emu.emulator import EmuKernels
 
 NEW_TYPES = [QType.Q3_K, QType.Q2_K, QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4]
@@ -167,7 +167,7 @@ def test_cpu_quantized_path_matches_float32_model(models, qtype, monkeypatch):
     path, dense_path = models[qtype]
     dense = Model(GGUFFile(dense_path), NumpyBackend("f32"))
     ids = _prompt(dense.cfg.n_vocab)
-    want = dense.forward_seq(dense.new_context(64), ids, all_logits=True)
+    want = dense.forward_seq(dense.new_context(64, *EXACT_KV), ids, all_logits=True)
     assert np.abs(want).max() > 0.1 and want.std(axis=-1).min() > 0.01   # logits that say something
     for isa in ("float", None) if qtype in cpu_quant_int8.TYPES and host_isa() else ("float",):
         if isa:
@@ -176,7 +176,7 @@ def test_cpu_quantized_path_matches_float32_model(models, qtype, monkeypatch):
             monkeypatch.delenv("LLOGOS_CPU_ISA", raising=False)
         loaded = load(str(path), backend="cpu", cpu_weights="quantized", n_ctx=64)
         assert {info.ggml_type for info in loaded.source.file.tensors.values() if len(info.shape) == 2} == {qtype}
-        ctx = loaded.model.new_context(64)
+        ctx = loaded.model.new_context(64, *EXACT_KV)   # the products alone against float32's
         got = loaded.model.forward_seq(ctx, ids[:17], all_logits=True)
         got = np.concatenate([got, *(loaded.model.forward_seq(ctx, ids[i:i + 1]) for i in range(17, 20))])
         if isa:
@@ -203,7 +203,7 @@ def test_emulated_cuda_step_matches_float32_model(models, emulated, qtype):
     path, dense_path = models[qtype]
     gpu, dense = Model(GGUFFile(path), emulated), Model(GGUFFile(dense_path), NumpyBackend("f32"))
     ids = _prompt(dense.cfg.n_vocab)
-    want = dense.forward_seq(dense.new_context(64), ids, all_logits=True)
+    want = dense.forward_seq(dense.new_context(64, *EXACT_KV), ids, all_logits=True)
     ctx = gpu.new_context(64, "f32", "f32")
     got = emulated.to_host(gpu.forward_seq(ctx, ids[:19], all_logits=True))
     step = emulated.to_host(gpu.forward_seq(ctx, ids[19:]))

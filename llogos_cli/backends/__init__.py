@@ -82,6 +82,10 @@ from llogos_cli.errors import LlogosError
 
 BACKENDS = ("cpu", "cuda", "auto")
 CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0", "iq4_nl")   # llama.cpp's -ctk/-ctv names
+# Both backends' KV cache type unless asked otherwise, as llama.cpp's: half f32's memory, and each
+# backend's attention reads f16 where it lies. Rounding each key and value to within 2^-11 of itself
+# is all it changes; recurrent layers' state is float32 whatever the cache type.
+DEFAULT_CACHE_TYPE = "f16"
 # Elements per block of each block-quantized cache type (32 for all of them).
 CACHE_BLOCKS = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]][0] for name in ("q8_0", "q4_0", "iq4_nl")}
 QUERY_CHUNK = 256   # a prompt chunk's queries whose attention scores a backend holds at once
@@ -100,6 +104,12 @@ CPU_INT8_TYPES = frozenset(getattr(GGMLQuantizationType, n) for n in
 # Lists of matrices whose products' routes the CPU keeps (a model's own lists are a few hundred;
 # the experts' slices are new arrays every step, so past this many the kept ones are dropped).
 ROUTES_KEPT = 1024
+
+
+def resolve_cache_types(cache_types: tuple[str | None, str | None]) -> tuple[str, str]:
+    """-ctk and -ctv as given, DEFAULT_CACHE_TYPE for either left out (None)."""
+    type_k, type_v = cache_types
+    return type_k or DEFAULT_CACHE_TYPE, type_v or DEFAULT_CACHE_TYPE
 
 
 def check_cache_type(cache_type: str, head_dim: int) -> None:

@@ -29,7 +29,6 @@ def glu_of_products(backend: "Backend", x: Array, gate: Matrix, up: Matrix, gelu
 class Backend(Protocol):
     name: str                    # "cpu" or "cuda"
     graphs: bool                 # decode steps can be captured (capture) and replayed
-    default_cache_type: str      # the KV cache's element type unless asked otherwise: "f32" or "f16"
     encoders: bool               # attention that is not causal, and EncoderOps (encoder families)
 
     # ------------------------------------------------------------------ weights and memory

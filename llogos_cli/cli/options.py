@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from llogos_cli.backends import BACKENDS, CACHE_TYPES
+from llogos_cli.backends import BACKENDS, CACHE_TYPES, DEFAULT_CACHE_TYPE
 from llogos_cli.backends.cpu.cpu_threads import available_cores
 from llogos_cli.cli.text_input import read_file, read_stdin
 from llogos_cli.engine.conversation import TemplateChoice
@@ -138,10 +138,10 @@ _MODEL = [
     click.option("--cpu-weights", type=click.Choice(CPU_WEIGHTS), default="auto", show_default=True,
                  help="How the CPU holds weights: quantized (read in place from the file, memory = file "
                  "size), f32 (expanded, 4 bytes a weight), auto (f32 only for a small model that fits easily)."),
-    click.option("--cache-type-k", type=click.Choice(CACHE_TYPES), help="KV cache type for keys. "
-                 "[default: f32 on cpu, f16 on cuda]"),
-    click.option("--cache-type-v", type=click.Choice(CACHE_TYPES), help="KV cache type for values. "
-                 "[default: f32 on cpu, f16 on cuda]"),
+    click.option("--cache-type-k", type=click.Choice(CACHE_TYPES), help="KV cache type for keys, on either "
+                 f"backend (f32: exact float32 keys at twice the memory). [default: {DEFAULT_CACHE_TYPE}]"),
+    click.option("--cache-type-v", type=click.Choice(CACHE_TYPES), help="KV cache type for values, on either "
+                 f"backend (f32: exact float32 values at twice the memory). [default: {DEFAULT_CACHE_TYPE}]"),
     click.option("-t", "--threads", type=click.IntRange(min=-1), default=0, callback=_all_cores, help="Threads for "
                  "generating (steps of one token); 0 = auto: the cores other processes leave free, looked at again "
                  "every few seconds; -1 = every core, as in llama.cpp. [default: 0]"),

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from llogos_cli.backends import resolve_cache_types
 from llogos_cli.cli.group import cli
 from llogos_cli.cli.options import batch_options, escape_option, model_name_option, model_options, read_prompt
 from llogos_cli.cli.text_input import read_file, read_stdin, unescape
@@ -94,9 +95,10 @@ def _facts(mf: ModelFile) -> dict:
                            "head_v_dim": s.head_v_dim, "head_k_dim": s.head_k_dim, "conv_width": s.conv_kernel}
     facts["tensor_types"] = dict(Counter(t.type_name for t in f.tensors.values()).most_common())
     n_ctx = mf.n_ctx(None)
-    weights, why = memory.choose_cpu_weights(f, cfg, "auto", n_ctx, "f32", "f32")
+    kv_types = resolve_cache_types((None, None))
+    weights, why = memory.choose_cpu_weights(f, cfg, "auto", n_ctx, *kv_types)
     facts["cpu_weights"] = {"held": weights, "why": why, "ctx": n_ctx,
-                            "bytes_needed": memory.need(f, cfg, weights, n_ctx, "f32", "f32").total,
+                            "bytes_needed": memory.need(f, cfg, weights, n_ctx, *kv_types).total,
                             "bytes_available": memory.host_available()}
     facts["tokenizer"] = {"model": f.meta.get("tokenizer.ggml.model"), "pre": f.meta.get("tokenizer.ggml.pre"),
                           "n_vocab": tok.n_vocab, "bos": _token(tok, tok.bos_id), "add_bos": tok.add_bos,

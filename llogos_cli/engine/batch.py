@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from llogos_cli.backends import resolve_cache_types
 from llogos_cli.engine.grammar import Grammar
 from llogos_cli.engine.prefix_cache import BLOCK_SIZE, CACHE_RAM_MIB, BlockManager
 from llogos_cli.engine.reasoning import Reasoning, Split
@@ -366,8 +367,6 @@ def _speculator(params: SpecParams, draft_model: Model | None, recurrent: bool, 
 def _kv_pool_blocks(model: Model, cache_types: tuple[str | None, str | None], n_slots: int, n_ctx: int,
                     prefix_cache_bytes: int) -> int:
     """Blocks of the KV pool (see memory.kv_pool_blocks)."""
-    b = model.backend
-    return memory.kv_pool_blocks(model.cfg, "cuda" if b.name == "cuda" else "cpu",
-                                 cache_types[0] or b.default_cache_type, cache_types[1] or b.default_cache_type,
-                                 BLOCK_SIZE, n_slots, n_ctx, prefix_cache_bytes)
+    return memory.kv_pool_blocks(model.cfg, "cuda" if model.backend.name == "cuda" else "cpu",
+                                 *resolve_cache_types(cache_types), BLOCK_SIZE, n_slots, n_ctx, prefix_cache_bytes)
 

@@ -73,7 +73,7 @@ def load_draft_model(params: SpecParams, options: LoadOptions, target: Loaded, n
 def draft_footprint(params: SpecParams, options: LoadOptions, n_ctx: int, n_slots: int = 1) -> int:
     """Bytes the -md model takes beside its target once loaded by load_draft_model (0 without -md): its
     weights as held on the target's device and its cache, n_slots slots and the scratch one of n_ctx
-    positions each, of the backend's own cache type (DraftModel asks for no other); decided without
+    positions each, of the default cache type (DraftModel asks for no other); decided without
     reading a weight."""
     if params.spec_draft_model is None:
         return 0

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from llogos_cli.backends import resolve_cache_types
 from llogos_cli.backends.backend import Backend
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf import quants
@@ -80,11 +81,11 @@ class Model:
                   n_blocks: int = 0, block_size: int = 0) -> Cache:
         """KV cache and recurrent state for n_slots sequences of up to n_ctx tokens each, plus one
         scratch slot (pad_slot) that padding rows of a fixed-size decode step may write to. The
-        cache types default to the backend's (f32 on CPU, f16 on GPU). With n_blocks (the batch
+        cache types default to DEFAULT_CACHE_TYPE (f16). With n_blocks (the batch
         engine's paged cache), each attention layer's KV is one pool of n_blocks blocks of block_size
         positions that a slot reaches through its row of block_tables, instead of n_ctx per slot."""
         c = self.cfg
-        type_k, type_v = type_k or self.backend.default_cache_type, type_v or self.backend.default_cache_type
+        type_k, type_v = resolve_cache_types((type_k, type_v))
         n = n_slots + 1
         tables = None
         if n_blocks:   # (n, blocks per row); pad_slot's row all at one more block, the scratch

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llogos_cli.backends import cuda_available, get_backend
+from llogos_cli.backends import cuda_available, get_backend, resolve_cache_types
 from llogos_cli.console import err, notice, warn
 from llogos_cli.errors import LlogosError
 from llogos_cli.gguf.file import GGUFFile
@@ -71,7 +71,7 @@ class LoadOptions:
     allow_long_ctx: bool = False
     backend: str = "auto"
     cpu_weights: str = "auto"
-    cache_type_k: str | None = None      # None leaves the choice to the backend
+    cache_type_k: str | None = None      # None: DEFAULT_CACHE_TYPE (f16)
     cache_type_v: str | None = None
     threads: int = 0                     # 0: auto
     threads_batch: int = 0
@@ -108,15 +108,12 @@ class LoadOptions:
         its paged KV pool of n_blocks blocks (None: as many as memory.kv_pool_blocks would give it
         now, with cache_bytes of prefixes); decided without reading a weight."""
         cfg = mf.cfg
+        types = resolve_cache_types(self.cache_types)
         if self.placement(cfg.n_layer) != "cpu" and cuda_available():
-            from llogos_cli.backends.cuda.cuda_backend import CudaBackend
-            held, device, default = "cuda", "cuda", CudaBackend.default_cache_type
+            held = device = "cuda"
         else:
-            from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
-            device, default = "cpu", NumpyBackend.default_cache_type
-            held = memory.choose_cpu_weights(mf.file, cfg, self.cpu_weights, n_ctx,
-                                             self.cache_type_k or default, self.cache_type_v or default, n_slots)[0]
-        types = (self.cache_type_k or default, self.cache_type_v or default)
+            device = "cpu"
+            held = memory.choose_cpu_weights(mf.file, cfg, self.cpu_weights, n_ctx, *types, n_slots)[0]
         if n_blocks is None:
             n_blocks = memory.kv_pool_blocks(cfg, device, *types, block_size, n_slots, n_ctx, cache_bytes)
         kv = n_blocks * block_size * memory.kv_bytes_per_position(cfg, device, *types)
@@ -172,11 +169,10 @@ def load(source: ModelFile | str | None, backend: str = "auto", cpu_weights: str
     t0 = time.perf_counter()
     f, cfg = source.file, source.cfg
     n_ctx = n_ctx or source.n_ctx(None)
-    type_k, type_v = cache_types
-    weights, why = memory.choose_cpu_weights(f, cfg, cpu_weights, n_ctx, type_k or "f32", type_v or "f32", n_slots)
+    kv_types = resolve_cache_types(cache_types)
+    weights, why = memory.choose_cpu_weights(f, cfg, cpu_weights, n_ctx, *kv_types, n_slots)
     b = get_backend(backend, weights, batched=n_slots > 1, threads=threads)
     held = "cuda" if b.name == "cuda" else weights
-    kv_types = (type_k or b.default_cache_type, type_v or b.default_cache_type)
     need = memory.need(f, cfg, held, n_ctx, *kv_types, n_slots)
     available = memory.gpu_available() if held == "cuda" else memory.host_available()
     memory.check_fits(need, available, "GPU" if held == "cuda" else "host", n_ctx, held)

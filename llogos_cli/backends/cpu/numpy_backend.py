@@ -65,7 +65,6 @@ class _Products:
 class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
     name = "cpu"
     graphs = False               # no capture: the runner runs each decode step eagerly
-    default_cache_type = "f32"   # exact: the reference the other backend and the oracles are held to
     encoders = True              # layernorm, gelu and attention that is not causal
 
     def __init__(self, weights: str = "f32", batched: bool = False, threads: CpuThreads | None = None):

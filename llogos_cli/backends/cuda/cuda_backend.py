@@ -64,7 +64,6 @@ class CudaBackend:
     name = "cuda"
     graphs = True                # capture(fn): the runner replays decode steps from CUDA graphs
     load_threads = 1             # uploads stay on the thread that owns the CUDA context and stream
-    default_cache_type = "f16"   # half the memory traffic of f32, as llama.cpp's default
     encoders = True              # layernorm, gelu and attention that is not causal (BERT)
 
     def __init__(self, kernels=None, products: str | None = None):
