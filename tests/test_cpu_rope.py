@@ -1,5 +1,5 @@
 """The CPU's RoPE-and-store of a layer in one compiled call (cpu_rope.rope_store_rows, the backend's
-rope_kv_store where numba is loaded and the cache is float32) against its parts, rope of q and k
+rope_kv_store where numba is loaded and the cache is float32 or float16) against its parts, rope of q and k
 then kv_store: the same turned queries and the same cache, bit for bit, for decode rows and prompt
 runs, unpaged and through block tables, both pair styles, partial rotation, frequency factors and
 an attention factor."""
@@ -10,19 +10,20 @@ import pytest
 from llogos_cli.backends.cpu.numpy_backend import NumpyBackend
 
 
-def _cache(b, paged, rng, n_kv, d):
+def _cache(b, paged, rng, n_kv, d, types=("f32", "f32")):
     if not paged:
-        return b.kv_cache(3, 32, n_kv, d, d, "f32", "f32")
+        return b.kv_cache(3, 32, n_kv, d, d, *types)
     tables = b.block_tables(3, 4)
     tables[:] = rng.permutation(12).reshape(3, 4)   # each slot's blocks scattered over the pool
-    return b.paged_kv_cache(tables, 12, 8, n_kv, d, d, "f32", "f32")
+    return b.paged_kv_cache(tables, 12, 8, n_kv, d, d, *types)
 
 
+@pytest.mark.parametrize("types", (("f32", "f32"), ("f16", "f16"), ("f16", "f32")))
 @pytest.mark.parametrize("paged", (False, True))
 @pytest.mark.parametrize("neox", (False, True))
 @pytest.mark.parametrize("dims, with_factors, attn_factor", ((64, False, 1.0), (32, True, 1.3)))
 @pytest.mark.parametrize("slots, pos", (([2, 0], [9, 30]), ([1] * 5, [3, 4, 5, 6, 7])))
-def test_fused_matches_rope_then_store(paged, neox, dims, with_factors, attn_factor, slots, pos):
+def test_fused_matches_rope_then_store(types, paged, neox, dims, with_factors, attn_factor, slots, pos):
     rng = np.random.default_rng(dims + 2 * neox + paged)
     b = NumpyBackend("quantized")
     assert b._jit
@@ -32,7 +33,7 @@ def test_fused_matches_rope_then_store(paged, neox, dims, with_factors, attn_fac
     q = rng.standard_normal((len(slots), n_head, d), dtype=np.float32)
     k = rng.standard_normal((len(slots), n_kv, d), dtype=np.float32)
     v = rng.standard_normal((len(slots), n_kv, d), dtype=np.float32)
-    caches = [_cache(b, paged, np.random.default_rng(1), n_kv, d) for _ in range(2)]
+    caches = [_cache(b, paged, np.random.default_rng(1), n_kv, d, types) for _ in range(2)]
     layout = b.batch_layout(slots, pos)
     turn = (dims, 10000.0, 0.5, neox, factors, attn_factor)
     fused = b.rope_kv_store(caches[0], q, k, v, layout, *turn)

@@ -236,11 +236,11 @@ def _decode_impl(cache, levels, blocks, t0, g, lo, hi, d, scratch):
     return decode
 
 
-def _put(x, row):
+def put_row(x, row):
     """Row x (float32) into a cache's row: float32, or float16 as uint16 bit patterns."""
 
 
-@overload(_put, inline="always")
+@overload(put_row, inline="always")
 def _put_impl(x, row):
     if row.dtype == types.float32:
         def copy(x, row):
@@ -259,5 +259,5 @@ def store_rows(k, v, firsts, ats, k_cache, v_cache):
     (firsts[t], head, ats[t])."""
     for t in range(k.shape[0]):
         for g in range(k.shape[1]):
-            _put(k[t, g], k_cache[firsts[t], g, ats[t]])
-            _put(v[t, g], v_cache[firsts[t], g, ats[t]])
+            put_row(k[t, g], k_cache[firsts[t], g, ats[t]])
+            put_row(v[t, g], v_cache[firsts[t], g, ats[t]])

@@ -154,7 +154,11 @@ def _floats(x: np.ndarray, cache_type: str) -> np.ndarray:
     return x.astype(np.float32, copy=False)
 
 
-def _compiled_view(x: np.ndarray) -> np.ndarray:
+# The cache types the compiled kernels store rows into as they are (float16 as its bits), not in blocks.
+STORED_TYPES = frozenset({"f32", "f16"})
+
+
+def compiled_view(x: np.ndarray) -> np.ndarray:
     """A cache array as cpu_attention takes it: float16 as its bit patterns (numba has no float16)."""
     return x.view(np.uint16) if x.dtype == np.float16 else x
 
@@ -212,9 +216,9 @@ class AttentionOps:
 
     def kv_store(self, cache: KVCache, k: np.ndarray, v: np.ndarray, layout: Layout) -> None:
         first, at = layout.located(cache)
-        if self.compiled_attention is not None and {cache.type_k, cache.type_v} <= {"f32", "f16"}:
+        if self.compiled_attention is not None and {cache.type_k, cache.type_v} <= STORED_TYPES:
             self.compiled_store(np.ascontiguousarray(k, np.float32), np.ascontiguousarray(v, np.float32),
-                                first, at, _compiled_view(cache.k), _compiled_view(cache.v))
+                                first, at, compiled_view(cache.k), compiled_view(cache.v))
             return
         cache.k[first, :, at] = _cache_round(k, cache.type_k)   # (T, n_kv, dk)
         cache.v[first, :, at] = _cache_round(v, cache.type_v)   # (T, n_kv, dv)
@@ -229,8 +233,8 @@ class AttentionOps:
         if self.compiled_attention is not None:
             # A prompt's keys are stored before it attends them, so each of its tokens attends its
             # slot's keys up to its own position as a decode row does.
-            self.compiled_attention(np.ascontiguousarray(q, np.float32), _compiled_view(cache.k),
-                                    _compiled_view(cache.v), _levels(cache.type_k), _levels(cache.type_v),
+            self.compiled_attention(np.ascontiguousarray(q, np.float32), compiled_view(cache.k),
+                                    compiled_view(cache.v), _levels(cache.type_k), _levels(cache.type_v),
                                     layout.blocks(cache),
                                     layout.pos if causal else layout.ends(),
                                     layout.items(self.compiled_tile, q.shape[1], cache.k.shape[1],

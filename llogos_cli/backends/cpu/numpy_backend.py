@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType
 from llogos_cli.backends import MIN_PRODUCT_ROW, ROUTES_KEPT
 from llogos_cli.backends.backend import glu_of_products
 from llogos_cli.backends.cpu.cpu_threads import CpuThreads
-from llogos_cli.backends.cpu.numpy_attention import AttentionOps, Layout
+from llogos_cli.backends.cpu.numpy_attention import STORED_TYPES, AttentionOps, Layout, compiled_view
 from llogos_cli.backends.cpu.numpy_experts import ExpertOps
 from llogos_cli.backends.cpu.numpy_kv_shift import KVShiftOps
 from llogos_cli.backends.cpu.numpy_recurrent import RecurrentOps
@@ -183,7 +183,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
             steps.append(("block products", lambda: [call() for call in blocks]))
         if self._jit:
             steps += [("attention", lambda: self._warm_up_attention(cache_types)),
-                      ("norm, GLU and RoPE", self._warm_up_small_steps)]
+                      ("norm, GLU and RoPE", lambda: self._warm_up_small_steps(cache_types))]
         return steps
 
     def _warm_up_attention(self, cache_types: tuple = ()) -> None:
@@ -196,13 +196,17 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
             self.kv_store(cache, x, x, layout)
             self.attention(x, cache, layout, 1.0, 0)
 
-    def _warm_up_small_steps(self) -> None:
+    def _warm_up_small_steps(self, cache_types: tuple = ()) -> None:
+        """The small ops', and RoPE-and-store's into float32 caches and the run's own (where stored
+        as rows: one compile for each pair of element types)."""
         x, one = np.ones((1, 1, 4), np.float32), np.zeros(1, np.int32)
         self.rmsnorm(x[0], x[0, 0], 1e-6)
         self.glu(x[0], x[0], False)
         self.rope(x, one, 4, 10000.0, 1.0, False)
-        self.rope_kv_store(self.kv_cache(1, 1, 1, 4, 4, "f32", "f32"), x, x, x, self.batch_layout(one, one),
-                           4, 10000.0, 1.0, False)
+        own = [tuple(cache_types)] if cache_types and set(cache_types) <= STORED_TYPES else []
+        for types in dict.fromkeys([("f32", "f32"), *own]):
+            self.rope_kv_store(self.kv_cache(1, 1, 1, 4, 4, *types), x, x, x, self.batch_layout(one, one),
+                               4, 10000.0, 1.0, False)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -350,7 +354,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
                       freq_scale: float, neox: bool, factors: np.ndarray | None = None,
                       attn_factor: float = 1.0) -> np.ndarray:
         """rope of q and k at the layout's positions, then kv_store of k and v; -> the turned q."""
-        if self._jit and cache.type_k == "f32" == cache.type_v:   # one compiled call for all four
+        if self._jit and {cache.type_k, cache.type_v} <= STORED_TYPES:   # one compiled call for all four
             # every layer of the step alike: the table found once, kept with the step's layout (its
             # factors held there, so that no other array takes their identity while it is kept)
             key = ("rope", dims, base, freq_scale, id(factors), attn_factor)
@@ -362,7 +366,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
             out = np.empty(q.shape, np.float32)
             self._rope.rope_store_rows(np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k, np.float32),
                                        np.ascontiguousarray(v, np.float32), *kept[1], neox, first, at,
-                                       cache.k, cache.v, out)
+                                       compiled_view(cache.k), compiled_view(cache.v), out)
             return out
         turn = (layout.pos, dims, base, freq_scale, neox, factors, attn_factor)
         q, k = self.rope(q, *turn), self.rope(k, *turn)
