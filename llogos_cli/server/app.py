@@ -361,21 +361,30 @@ async def _stream(loaded: LoadedModel, ids: list, events: asyncio.Queue, choices
         for chunk in choices.first():
             yield chunk
         while True:
-            item = await events.get()
-            if isinstance(item, LlogosError):
-                done = True
-                loaded.engine.metrics.request("failed")
-                yield choices.error(_failure(item))
-                return
-            if item.token is not None and (chunk := choices.token(item.id, item.token)) is not None:
-                yield chunk
-            if item.result is not None:
-                for chunk in choices.last(item.result):
-                    yield chunk
-                if choices.done:
+            # Everything that waits goes out in one write: a client (or a loop) that fell behind a
+            # fast model catches up in one send, not one a token, and an error after a backlog
+            # (the server stopping) reaches it before uvicorn's own deadline cuts the connection.
+            items = [await events.get()]
+            while not events.empty():
+                items.append(events.get_nowait())
+            out = []
+            for item in items:
+                if isinstance(item, LlogosError):
                     done = True
-                    loaded.engine.metrics.request("ok")
+                    loaded.engine.metrics.request("failed")
+                    yield b"".join([*out, choices.error(_failure(item))])
                     return
+                if item.token is not None and (chunk := choices.token(item.id, item.token)) is not None:
+                    out.append(chunk)
+                if item.result is not None:
+                    out += choices.last(item.result)
+                    if choices.done:
+                        done = True
+                        loaded.engine.metrics.request("ok")
+                        yield b"".join(out)
+                        return
+            if out:
+                yield b"".join(out)
     finally:
         if not done:
             for rid in ids:
