@@ -62,6 +62,11 @@ class _Products:
     columns: list | None        # where they were joined into one matrix: each one's columns of its product (slices)
 
 
+def _warm_up_pairs(cache_types: tuple) -> list[tuple[str, str]]:
+    """The (type_k, type_v) pairs a warm-up compiles for: float32's, and the run's own where given."""
+    return list(dict.fromkeys([("f32", "f32"), *([tuple(cache_types)] if cache_types else [])]))
+
+
 class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
     name = "cpu"
     graphs = False               # no capture: the runner runs each decode step eagerly
@@ -191,7 +196,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         each pair of the caches' element types (float32, float16's bits, packed bytes)."""
         x, one = np.ones((1, 1, 32), np.float32), np.zeros(1, np.int32)   # heads of 32: the 4-bit types' block
         layout = self.batch_layout(one, one)
-        for type_k, type_v in dict.fromkeys([("f32", "f32"), *([tuple(cache_types)] if cache_types else [])]):
+        for type_k, type_v in _warm_up_pairs(cache_types):
             cache = self.kv_cache(1, 1, 1, 32, 32, type_k, type_v)
             self.kv_store(cache, x, x, layout)
             self.attention(x, cache, layout, 1.0, 0)
@@ -203,8 +208,7 @@ class NumpyBackend(AttentionOps, RecurrentOps, ExpertOps, KVShiftOps):
         self.rmsnorm(x[0], x[0, 0], 1e-6)
         self.glu(x[0], x[0], False)
         self.rope(x, one, 4, 10000.0, 1.0, False)
-        own = [tuple(cache_types)] if cache_types and set(cache_types) <= STORED_TYPES else []
-        for types in dict.fromkeys([("f32", "f32"), *own]):
+        for types in (pair for pair in _warm_up_pairs(cache_types) if set(pair) <= STORED_TYPES):
             self.rope_kv_store(self.kv_cache(1, 1, 1, 4, 4, *types), x, x, x, self.batch_layout(one, one),
                                4, 10000.0, 1.0, False)
 
